@@ -1,0 +1,43 @@
+"""Run one benchmark job (or a sweep with -m): `python bench/run.py [group=option] [key=value]`.
+
+Hydra composes conf/; gravac.config turns the result into a checked RunConfig; gravac.launch
+starts the workers (simulated in-process, spawned torch.distributed processes, or torchrun's).
+"""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run from a plain checkout too, not only after `pip install -e .`
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from gravac.config import ConfigError, build_config, check_overrides, register_base  # noqa: E402
+from gravac.errors import UserError  # noqa: E402
+
+CONF_DIR = os.path.join(ROOT, "conf")
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Build the typed config and run it; user errors end in one line and a non-zero exit."""
+    try:
+        run_cfg = build_config(cfg)
+        from gravac.launch import launch
+        launch(run_cfg)
+    except (ConfigError, UserError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    try:
+        check_overrides(sys.argv[1:], CONF_DIR)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    register_base()
+    main()

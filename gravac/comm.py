@@ -1,0 +1,214 @@
+"""The communication layer: the only code that talks to other workers.
+
+A Group hosts one or more *local* workers: the simulated cluster hosts all N in one process, a
+torch.distributed process hosts one. Every collective takes one tensor (or payload) per local
+worker and returns the cluster-wide result, so methods are written once for both backends. Each
+call also reports what a worker put on the wire and what the network model says it cost.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from gravac.netmodel import NetworkModel
+
+if TYPE_CHECKING:
+    from compressors import Payload
+
+COUNT_BYTES = 8  # the int64 element count each worker contributes before a sparse all-gather
+
+
+@dataclass
+class CommStats:
+    """What one collective cost a worker: bytes it sent, modelled and measured seconds."""
+    wire_bytes: int = 0
+    modelled_s: float = 0.0
+    measured_s: float = 0.0
+
+    def __iadd__(self, other: "CommStats") -> "CommStats":
+        self.wire_bytes += other.wire_bytes
+        self.modelled_s += other.modelled_s
+        self.measured_s += other.measured_s
+        return self
+
+
+def _sparse_mean(values: Sequence[torch.Tensor], indices: Sequence[torch.Tensor], numel: int,
+                 world: int) -> torch.Tensor:
+    """Dense mean of sparse contributions, added in rank order exactly as every backend does."""
+    out = torch.zeros(numel, dtype=values[0].dtype, device=values[0].device)
+    for v, i in zip(values, indices):
+        out.index_add_(0, i, v)
+    return out.div_(world)
+
+
+class Group:
+    """Interface of a group of workers; see SimGroup and DistGroup."""
+    world: int               # total number of workers N
+    local_ranks: list[int]   # ranks of the workers this process hosts
+    is_main: bool            # this process hosts rank 0 and writes the results
+    net: NetworkModel
+
+    # --- primitives each backend implements -------------------------------------------------
+    def _allreduce_sum(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _allgather_sparse(self, payloads: list[Payload]) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+        """All workers' (values, indices) in rank order, and the padded count every worker sent."""
+        raise NotImplementedError
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj`, on every worker (used for decisions taken on rank 0)."""
+        raise NotImplementedError
+
+    def _gather_rows(self, rows: list[list[float]]) -> list[list[float]]:
+        """Every worker's row of a few numbers, in rank order (one row per local worker in)."""
+        raise NotImplementedError
+
+    def broadcast_tensors(self, tensors: list[torch.Tensor]) -> None:
+        """Overwrite `tensors` in place with rank 0's values (e.g. BatchNorm buffers)."""
+
+    def gather_floats(self, rows: list[list[float]]) -> tuple[list[list[float]], CommStats]:
+        """All workers' rows of a few floats: for statistics a method decides on, so it counts.
+
+        Methods that must take the same decision on every worker exchange their local numbers
+        (norms, timings) this way and reduce them identically everywhere.
+        """
+        t0 = time.perf_counter()
+        out = self._gather_rows(rows)
+        nbytes = 8 * len(rows[0])
+        return out, CommStats(nbytes, self.net.allgather(nbytes, self.world), time.perf_counter() - t0)
+
+    def bookkeeping(self, rows: list[list[float]]) -> list[list[float]]:
+        """All workers' rows for the run's own records (loss, timings): not part of any method's cost."""
+        return self._gather_rows(rows)
+
+    def barrier(self) -> None:
+        """Wait for every worker."""
+
+    # --- collectives the methods use ---------------------------------------------------------
+    def allreduce_mean(self, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, CommStats]:
+        """Mean over all workers of a dense tensor (one per local worker)."""
+        t0 = time.perf_counter()
+        out = self._allreduce_sum(tensors).div_(self.world)
+        nbytes = tensors[0].numel() * tensors[0].element_size()
+        return out, CommStats(nbytes, self.net.allreduce(nbytes, self.world), time.perf_counter() - t0)
+
+    def aggregate(self, payloads: list[Payload]) -> tuple[torch.Tensor, CommStats]:
+        """Dense mean of every worker's payload, by the collective the payload kind needs.
+
+        Dense payloads are all-reduced; shared-index payloads (same indices on every worker)
+        all-reduce just their values; other sparse payloads go through a padded all-gather.
+        All workers must pass payloads of the same kind in the same step.
+        """
+        p = payloads[0]
+        if p.indices is None:
+            return self.allreduce_mean([q.values for q in payloads])
+        if p.shared:
+            vals, stats = self.allreduce_mean([q.values for q in payloads])
+            out = torch.zeros(p.numel, dtype=vals.dtype, device=vals.device)
+            out.index_copy_(0, p.indices, vals)
+            return out, stats
+        t0 = time.perf_counter()
+        values, indices, padded = self._allgather_sparse(payloads)
+        out = _sparse_mean(values, indices, p.numel, self.world)
+        per_elem = p.values.element_size() + (4 if p.numel < 2**31 else 8)
+        nbytes = padded * per_elem
+        modelled = self.net.allgather(COUNT_BYTES, self.world) + self.net.allgather(nbytes, self.world)
+        return out, CommStats(nbytes + COUNT_BYTES, modelled, time.perf_counter() - t0)
+
+
+class SimGroup(Group):
+    """N virtual workers in one process; collectives are computed as the real ones would be."""
+
+    def __init__(self, world: int, net: NetworkModel):
+        self.world = world
+        self.local_ranks = list(range(world))
+        self.is_main = True
+        self.net = net
+
+    def _allreduce_sum(self, tensors):
+        out = tensors[0].clone()
+        for t in tensors[1:]:
+            out.add_(t)
+        return out
+
+    def _allgather_sparse(self, payloads):
+        padded = max(p.nnz for p in payloads)
+        return [p.values for p in payloads], [p.indices for p in payloads], padded
+
+    def broadcast_object(self, obj):
+        return obj
+
+    def _gather_rows(self, rows):
+        return [list(r) for r in rows]
+
+
+class DistGroup(Group):
+    """One worker per process over torch.distributed (gloo on CPU, NCCL on GPU)."""
+
+    def __init__(self, net: NetworkModel, device: torch.device):
+        import torch.distributed as dist
+        self._dist = dist
+        self.world = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.local_ranks = [self.rank]
+        self.is_main = self.rank == 0
+        self.net = net
+        self.device = device
+
+    def _allreduce_sum(self, tensors):
+        (t,) = tensors
+        out = t.clone()
+        self._dist.all_reduce(out)
+        return out
+
+    def _allgather_sparse(self, payloads):
+        """Gather counts, pad every worker's (values, indices) to the maximum, gather once.
+
+        gloo needs equal sizes on every rank, and a zero-element collective has crashed it, so
+        counts go first and every buffer holds at least one element. Values (as 32-bit words)
+        and int32/int64 indices travel in one buffer; padding is cut off by the gathered counts,
+        so a padded slot can never add to a real index.
+        """
+        (p,) = payloads
+        dist, n = self._dist, self.world
+        count = torch.tensor([p.nnz], dtype=torch.int64, device=self.device)
+        counts = [torch.zeros_like(count) for _ in range(n)]
+        dist.all_gather(counts, count)
+        counts_l = [int(c.item()) for c in counts]
+        padded = max(1, max(counts_l))
+        idx_dtype = torch.int32 if p.numel < 2**31 else torch.int64
+        vals = p.values.to(torch.float32) if p.values.element_size() != 4 else p.values
+        words = 1 if idx_dtype == torch.int32 else 2
+        buf = torch.zeros(padded * (1 + words), dtype=torch.int32, device=self.device)
+        buf[: p.nnz] = vals.view(torch.int32)
+        buf[padded: padded + p.nnz * words] = p.indices.to(idx_dtype).view(torch.int32)
+        bufs = [torch.empty_like(buf) for _ in range(n)]
+        dist.all_gather(bufs, buf)
+        values, indices = [], []
+        for b, c in zip(bufs, counts_l):
+            values.append(b[:c].view(torch.float32).to(p.values.dtype))
+            indices.append(b[padded: padded + c * words].view(idx_dtype).long())
+        return values, indices, padded
+
+    def broadcast_object(self, obj):
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _gather_rows(self, rows):
+        (row,) = rows
+        t = torch.tensor(row, dtype=torch.float64, device=self.device)
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        self._dist.all_gather(out, t)
+        return [o.tolist() for o in out]
+
+    def broadcast_tensors(self, tensors):
+        for t in tensors:
+            self._dist.broadcast(t, src=0)
+
+    def barrier(self):
+        self._dist.barrier()

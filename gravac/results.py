@@ -1,0 +1,99 @@
+"""Run outputs: config, per-step and per-evaluation records, and a summary, all crash-safe.
+
+Records are appended one JSON line at a time and flushed, so a killed run leaves every line but
+possibly a torn last one (readers skip it); the config and summary are replaced atomically
+(temp file + rename), so they are always either the old or the new complete version.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import time
+from typing import Any
+
+import yaml
+
+
+def atomic_write(path: str, text: str) -> None:
+    """Write `text` to `path` so that readers never see a partial file."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe copy: non-finite floats become null (JSON has no NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def make_run_dir(root: str, experiment: str, run_id: str, tag: str) -> str:
+    """Create a fresh run folder; concurrent runs get distinct names (time, pid, random)."""
+    base = os.path.join(root, experiment)
+    os.makedirs(base, exist_ok=True)
+    for _ in range(100):
+        name = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{tag}-{os.getpid()}{secrets.token_hex(2)}"
+        path = os.path.join(base, name)
+        try:
+            os.makedirs(path)
+            return path
+        except FileExistsError:
+            if run_id:
+                raise
+    raise RuntimeError(f"could not create a unique run folder under {base}")
+
+
+class RunWriter:
+    """Writes one run's files; only the process hosting rank 0 has one."""
+
+    def __init__(self, run_dir: str, config: dict):
+        self.dir = run_dir
+        atomic_write(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(config, sort_keys=False))
+        self._steps = open(os.path.join(run_dir, "steps.jsonl"), "a", buffering=1)
+        self._evals = open(os.path.join(run_dir, "evals.jsonl"), "a", buffering=1)
+
+    def step(self, record: dict) -> None:
+        self._steps.write(json.dumps(_clean(record)) + "\n")
+
+    def eval(self, record: dict) -> None:
+        self._evals.write(json.dumps(_clean(record)) + "\n")
+        self._evals.flush()
+
+    def summary(self, summary: dict) -> None:
+        atomic_write(os.path.join(self.dir, "summary.json"), json.dumps(_clean(summary), indent=2) + "\n")
+
+    def close(self) -> None:
+        self._steps.close()
+        self._evals.close()
+
+
+class NullWriter:
+    """Stands in for RunWriter on ranks that do not write."""
+    dir = None
+
+    def step(self, record: dict) -> None: ...
+    def eval(self, record: dict) -> None: ...
+    def summary(self, summary: dict) -> None: ...
+    def close(self) -> None: ...
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """Every complete record of a JSONL file; a torn last line (killed run) is skipped."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out

@@ -1,0 +1,78 @@
+"""Running totals of a run and its summary.json: cumulative floats and bytes, times, target.
+
+Cumulative figures are per worker (floats sent by one worker over the run). The cluster time is
+the sum of step times (modelled when a network model is on, measured otherwise); evaluation time
+is excluded from both, as it is from the paper's time-to-accuracy.
+"""
+from __future__ import annotations
+
+import time
+
+from gravac.netmodel import NetworkModel
+from gravac.schema import RunConfig
+
+
+class Summary:
+    """Accumulates step and eval records into the figures summary.json reports."""
+
+    def __init__(self, cfg: RunConfig, dataset, params: int, total_steps: int, net: NetworkModel, metric: str):
+        self.cfg, self.net, self.metric = cfg, net, metric
+        self.dataset_name, self.params, self.total_steps = dataset.name, params, total_steps
+        self.steps_per_epoch = 0
+        self.higher = metric != "perplexity"
+        self.steps = 0
+        self.floats = 0.0
+        self.wire = 0
+        self.model_s = 0.0
+        self.wall_step_s = 0.0
+        self.t0 = time.perf_counter()
+        self.final = self.best = None
+        self.target_hit: dict | None = None
+        self.error: str | None = None
+        self.cf_hist: dict[str, int] = {}
+
+    def add_step(self, rec: dict, cluster_s: float) -> None:
+        self.steps = rec["step"] + 1
+        self.floats += rec["floats_sent"]
+        self.wire += rec["wire_bytes"]
+        self.model_s += rec["step_model_s"]
+        self.wall_step_s += rec["step_wall_s"]
+        key = f"{rec['cf']:.4g}"
+        self.cf_hist[key] = self.cf_hist.get(key, 0) + 1
+
+    def reached(self, value: float) -> bool:
+        t = self.cfg.train.target
+        return t > 0 and (value >= t if self.higher else value <= t)
+
+    def add_eval(self, ev: dict) -> None:
+        v = ev["metric"]
+        self.final = v
+        if self.best is None or (v > self.best if self.higher else v < self.best):
+            self.best = v
+        if self.target_hit is None and self.reached(v):
+            self.target_hit = {"step": ev["step"], "floats_sent": self.floats, "wire_bytes": self.wire,
+                               "wall_s": time.perf_counter() - self.t0, "step_wall_s": self.wall_step_s,
+                               "model_s": self.model_s}
+
+    def last_metric_str(self) -> str:
+        return "-" if self.final is None else f"{self.final:.4g}"
+
+    def as_dict(self, status: str) -> dict:
+        c = self.cfg
+        cf = c.compressor.cf if c.method.name == "static" else None
+        return {
+            "status": status, "error": self.error,
+            "method": c.method.name, "compressor": c.compressor.name, "cf": cf,
+            "model": c.model.name, "dataset": self.dataset_name, "parameters": self.params,
+            "workers": c.cluster.workers, "backend": c.cluster.backend, "batch_size": c.train.batch_size,
+            "seed": c.train.seed, "experiment": c.experiment.name,
+            "steps": self.steps, "total_steps": self.total_steps,
+            "metric": self.metric, "final_metric": self.final, "best_metric": self.best,
+            "target": c.train.target or None,
+            "floats_sent": self.floats, "wire_bytes": self.wire,
+            "wall_s": time.perf_counter() - self.t0, "step_wall_s": self.wall_step_s, "model_s": self.model_s,
+            "time_source": "modelled" if c.network.enabled and c.network.time_source != "wall" else "wall",
+            "network": self.net.describe(),
+            "cf_histogram": self.cf_hist,
+            "target_reached": self.target_hit,
+        }

@@ -1,0 +1,103 @@
+"""Config composition, the paper presets, and one-line errors for bad values."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import CONF, compose, run_cli
+from gravac.config import ConfigError, build_config
+
+
+def _options(group: str) -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(CONF / group) if f.endswith(".yaml"))
+
+
+GROUPS = sorted(d for d in os.listdir(CONF) if (CONF / d).is_dir())
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
+def test_every_option_composes(group, option):
+    extra = []
+    if group == "dataset" and option == "ptb":
+        extra = ["model=lstm_mini"]
+    if group == "compressor" and option != "none":
+        extra = ["method=static"]
+    cfg = compose([f"{group}={option}", *extra])
+    run = build_config(cfg)
+    assert run is not None
+
+
+def test_vgg16_preset():
+    run = build_config(compose(["model=vgg16"]))
+    assert (run.model.name, run.dataset.name, run.dataset.num_classes) == ("vgg16", "cifar100", 100)
+    t = run.train
+    assert (t.batch_size, t.lr, t.momentum, t.weight_decay, t.milestones) == (32, 0.1, 0.9, 5e-4, [])
+    assert (t.target_metric, t.target) == ("top5", 0.9)
+
+
+def test_resnet101_preset():
+    run = build_config(compose(["model=resnet101"]))
+    assert (run.model.name, run.dataset.name) == ("resnet101", "cifar10")
+    t = run.train
+    assert (t.batch_size, t.lr, t.momentum, t.weight_decay, t.milestones, t.gamma) == (32, 0.1, 0.9, 1e-4, [9000, 14000], 0.1)
+    assert (t.target_metric, t.target) == ("top1", 0.8)
+
+
+def test_lstm_preset():
+    run = build_config(compose(["model=lstm"]))
+    m = run.model
+    assert (m.name, m.num_layers, m.hidden_size, m.embed_size, m.dropout) == ("lstm", 2, 1500, 1500, 0.65)
+    assert (run.dataset.name, run.dataset.bptt) == ("ptb", 35)
+    t = run.train
+    assert (t.batch_size, t.lr, t.momentum, t.weight_decay, t.target_metric, t.target) == (20, 0.1, 0.9, 1e-4, "perplexity", 22.0)
+
+
+def test_group_override_beats_preset():
+    run = build_config(compose(["model=vgg16", "dataset=cifar10"]))
+    assert run.dataset.name == "cifar10" and run.model.name == "vgg16" and run.train.weight_decay == 5e-4
+
+
+def test_data_root_from_env(monkeypatch):
+    monkeypatch.setenv("GRAVAC_DATA_DIR", "/some/where")
+    assert build_config(compose([])).dataset.root == "/some/where"
+    monkeypatch.delenv("GRAVAC_DATA_DIR")
+    assert build_config(compose([])).dataset.root == "./data"
+
+
+BAD = [
+    (["train.batch_size=-1"], "train.batch_size=-1 is out of range"),
+    (["train.batch_size=abc"], "train.batch_size='abc' is not an integer"),
+    (["train.lr=fast"], "train.lr='fast' is not a number"),
+    (["cluster.workers=0"], "cluster.workers=0 is out of range"),
+    (["model=foo"], "unknown model 'foo'; choose one of: lstm"),
+    (["train.lrr=1"], "unknown key train.lrr"),
+    (["cluster.backend=mpi"], "cluster.backend='mpi' is not valid; choose one of: sim, ddp"),
+    (["model=lstm_mini", "dataset=cifar10"], "does not fit dataset=cifar10"),
+    (["train.target=80", "train.target_metric=top1"], "is a fraction"),
+]
+
+
+# unknown group options and keys are caught on the command line, before Hydra composes
+@pytest.mark.parametrize("args,fragment", [b for b in BAD if b[0][0] not in ("model=foo", "train.lrr=1")])
+def test_bad_values_in_process(args, fragment):
+    with pytest.raises(ConfigError) as e:
+        build_config(compose(args))
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("args,fragment", BAD[:6])
+def test_bad_values_cli_one_line_no_traceback(args, fragment):
+    r = run_cli(args, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert fragment in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert len([l for l in r.stderr.splitlines() if l.strip()]) == 1, r.stderr
+
+
+def test_help_lists_groups():
+    r = run_cli(["--help"], timeout=120)
+    assert r.returncode == 0
+    for g in ("model:", "dataset:", "method:", "compressor:", "cluster:", "network:"):
+        assert g in r.stdout
+    assert "resnet101" in r.stdout and "synthetic" in r.stdout
