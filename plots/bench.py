@@ -1,0 +1,105 @@
+"""Reading the compression micro-benchmark CSV (bench/compress_bench.py) for paper Table 3.
+
+The reader is tolerant of column names, because the benchmark and this script evolve separately:
+- long form: one row per measurement with a column telling direct from multi-level (any text
+  column whose values contain "direct" and "multi"), a time column (`*_s`, `*_ms`, `time`,
+  `seconds`, `median`, `mean`), a compressor column and a model/size column;
+- wide form: a time column whose name contains "direct" and one containing "multi".
+Repeated measurements of one (model, compressor, CF) are summarised by their median. When the
+needed columns are missing, `multilevel_rows` raises `BenchFormatError` with what was found.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+
+ENTITY = ("model", "size", "numel", "elements", "n", "tensor", "shape", "params", "parameters")
+COMPRESSOR = ("compressor", "name", "algorithm")
+CF = ("final_cf", "cf_total", "target_cf", "total_cf", "cf")
+TIME_PREF = ("median_s", "time_s", "mean_s", "seconds", "sec", "s", "median", "mean", "time",
+             "median_ms", "time_ms", "mean_ms", "ms")
+
+
+class BenchFormatError(ValueError):
+    """The CSV lacks the columns the table needs."""
+
+
+def read_csv(path: str) -> tuple[list[str], list[dict]]:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = [r for r in reader]
+        return [c for c in (reader.fieldnames or [])], rows
+
+
+def _float(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _find(cols: list[str], names: tuple) -> str | None:
+    low = {c.lower().strip(): c for c in cols}
+    return next((low[n] for n in names if n in low), None)
+
+
+def _time_scale(col: str) -> float:
+    return 1e-3 if col.lower().endswith("ms") else 1e-6 if col.lower().endswith("us") else 1.0
+
+
+def _numeric(rows: list[dict], col: str) -> bool:
+    vals = [_float(r.get(col)) for r in rows]
+    return bool(vals) and sum(math.isfinite(v) for v in vals) >= max(1, len(vals) // 2)
+
+
+def multilevel_rows(path: str) -> list[dict]:
+    """[{model, compressor, cf, direct_s, multilevel_s, speedup}] from the benchmark CSV."""
+    cols, rows = read_csv(path)
+    if not rows:
+        raise BenchFormatError(f"{path} has no data rows")
+    entity, comp, cf = _find(cols, ENTITY), _find(cols, COMPRESSOR), _find(cols, CF)
+    if comp is None:
+        raise BenchFormatError(f"no compressor column in {path} (columns: {', '.join(cols)})")
+    out = _pair(cols, rows, path, entity, comp, cf)
+    if not out and cf is not None:     # direct and multi-level rows may name the CF differently
+        out = _pair(cols, rows, path, entity, comp, None)
+    if not out:
+        raise BenchFormatError(f"{path}: no (model, compressor) has both a direct and a multi-level time")
+    return out
+
+
+def _pair(cols, rows, path, entity, comp, cf) -> list[dict]:
+    """Median direct and multi-level time per (entity, compressor[, CF])."""
+    key = lambda r: (r.get(entity, "") if entity else "", r.get(comp, ""), _float(r.get(cf)) if cf else math.nan)
+    wide_d = next((c for c in cols if "direct" in c.lower() and _numeric(rows, c)), None)
+    wide_m = next((c for c in cols if "multi" in c.lower() and _numeric(rows, c)), None)
+    acc: dict[tuple, dict[str, list[float]]] = {}
+    if wide_d and wide_m:
+        for r in rows:
+            d = acc.setdefault(key(r), {"direct": [], "multi": []})
+            d["direct"].append(_float(r[wide_d]) * _time_scale(wide_d))
+            d["multi"].append(_float(r[wide_m]) * _time_scale(wide_m))
+    else:
+        mode = next((c for c in cols if any("direct" in str(r.get(c, "")).lower() for r in rows)
+                     and any("multi" in str(r.get(c, "")).lower() for r in rows)), None)
+        tcol = _find(cols, TIME_PREF) or next((c for c in cols if c.lower().endswith(("_s", "_ms")) and _numeric(rows, c)), None)
+        if mode is None or tcol is None:
+            raise BenchFormatError(
+                f"{path} has no direct/multi-level rows (need a column with 'direct' and 'multi' values and a "
+                f"time column, or columns named *direct* and *multi*; columns: {', '.join(cols)})")
+        for r in rows:
+            m = str(r.get(mode, "")).lower()
+            kind = "direct" if "direct" in m else "multi" if "multi" in m else None
+            if kind:
+                acc.setdefault(key(r), {"direct": [], "multi": []})[kind].append(_float(r[tcol]) * _time_scale(tcol))
+    out = []
+    for (ent, c, f), d in acc.items():
+        dv = [x for x in d["direct"] if math.isfinite(x)]
+        mv = [x for x in d["multi"] if math.isfinite(x)]
+        if not dv or not mv:
+            continue
+        ds, ms = statistics.median(dv), statistics.median(mv)
+        out.append({"model": ent or "-", "compressor": c, "cf": f if math.isfinite(f) else "-",
+                    "direct_s": ds, "multilevel_s": ms, "speedup": ds / ms if ms > 0 else math.nan})
+    return out

@@ -1,0 +1,472 @@
+"""The paper's figures, one function per figure, each returning a matplotlib Figure.
+
+Sized for a paper column (3.5 in wide, text ≥ 7 pt), legends below the axes so they never hide
+data. Replicas of a setting are drawn as their mean with a min-max band. A function that lacks
+the data it needs raises `Skip(reason)`; the command reports the reason and carries on.
+"""
+from __future__ import annotations
+
+import math
+import textwrap
+import warnings
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+
+from plots.labels import (COMPRESSOR_NAMES, METRIC_AXIS, fmt_cf, metric_scale, network_text,  # noqa: E402
+                          styles)
+from plots.load import Context, Group, Run  # noqa: E402
+
+WIDTH = 3.5
+MAX_POINTS = 3000   # longer series are thinned for drawing (after smoothing)
+
+
+class Skip(Exception):
+    """A figure cannot be made from the data at hand; the message says why."""
+
+
+def setup_style() -> None:
+    plt.rcParams.update({
+        "font.size": 7.5, "axes.titlesize": 7.5, "axes.labelsize": 8, "xtick.labelsize": 7,
+        "ytick.labelsize": 7, "legend.fontsize": 7, "lines.linewidth": 1.2, "axes.grid": True,
+        "grid.alpha": 0.3, "grid.linewidth": 0.5, "axes.linewidth": 0.6, "legend.handlelength": 2.2,
+        "pdf.fonttype": 42, "savefig.dpi": 200,
+    })
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+def _new(n_legend: int, height: float = 2.2, nrows: int = 1, sharex: bool = True, label_len: int = 20):
+    """A column-wide figure with room below for a legend of `n_legend` entries."""
+    ncol = 1 if label_len > 30 else 2
+    h = height * nrows ** 0.8 + 0.16 * math.ceil(n_legend / ncol) + 0.35
+    fig, axes = plt.subplots(nrows, 1, figsize=(WIDTH, h), sharex=sharex, layout="constrained", squeeze=False)
+    return fig, list(axes[:, 0]), ncol
+
+
+def _legend(fig, handles, labels, ncol: int) -> None:
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncol=ncol, frameon=False,
+                   columnspacing=1.0, handletextpad=0.5, borderaxespad=0.2)
+
+
+def _title(fig, title: str, subtitle: str = "") -> None:
+    text = "\n".join(textwrap.wrap(title, 62) + textwrap.wrap(subtitle, 70))
+    fig.suptitle(text, fontsize=7, linespacing=1.25)
+
+
+def _matrix(arrays: list[np.ndarray]) -> np.ndarray:
+    n = max((len(a) for a in arrays), default=0)
+    m = np.full((len(arrays), n), np.nan)
+    for i, a in enumerate(arrays):
+        m[i, :len(a)] = a
+    return m
+
+
+def _stats(m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, min and max over replicas (rows), ignoring missing values."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(m, axis=0), np.nanmin(m, axis=0), np.nanmax(m, axis=0)
+
+
+def smooth(x: np.ndarray, w: int) -> np.ndarray:
+    """Trailing moving average over `w` points, ignoring NaN (NaN where the window has none)."""
+    if w <= 1 or len(x) == 0:
+        return x
+    ok = np.isfinite(x)
+    c = np.concatenate([[0.0], np.cumsum(np.where(ok, x, 0.0))])
+    k = np.concatenate([[0], np.cumsum(ok)])
+    i = np.arange(1, len(x) + 1)
+    lo = np.maximum(0, i - w)
+    cnt = k[i] - k[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(cnt > 0, (c[i] - c[lo]) / np.maximum(cnt, 1), np.nan)
+
+
+def auto_window(n: int, requested: int) -> int:
+    """The smoothing window: `requested` if > 0, else ~1/50 of the series (1 for short ones)."""
+    return requested if requested > 0 else max(1, n // 50)
+
+
+def _thin(*arrays: np.ndarray):
+    n = len(arrays[0])
+    if n <= MAX_POINTS:
+        return arrays
+    idx = np.unique(np.linspace(0, n - 1, MAX_POINTS).astype(int))
+    return tuple(a[idx] for a in arrays)
+
+
+def _draw(ax, x, mean, lo, hi, n: int, style: dict, label: str, drawstyle: str = "default"):
+    x, mean, lo, hi = _thin(x, mean, lo, hi)
+    line, = ax.plot(x, mean, label=label, drawstyle=drawstyle, **style)
+    if n > 1:
+        ax.fill_between(x, lo, hi, color=style.get("color"), alpha=0.18, linewidth=0,
+                        step="post" if drawstyle.startswith("steps") else None)
+    return line
+
+
+def label_n(g: Group) -> str:
+    return g.label + (f" (n={g.n})" if g.n > 1 else "")
+
+
+def _target_line(ax, ctx: Context, handles: list, labels: list) -> None:
+    if ctx.target is not None:
+        h = ax.axhline(ctx.target * metric_scale(ctx.metric), color="0.35", linestyle=":", linewidth=0.9)
+        handles.append(h)
+        labels.append("target")
+
+
+def _iteration_axis(ax) -> None:
+    """At most ~5 ticks on an iteration axis, thousands as "5k" so labels never collide."""
+    ax.set_xlabel("Iteration")
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+    lo, hi = ax.get_xlim()
+    if max(abs(lo), abs(hi)) >= 10000:
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k" if v else "0"))
+
+
+def _markers(n_points: int) -> dict:
+    """Markers at evaluations only when there are few of them."""
+    return dict(marker="o", markersize=2.5) if n_points <= 15 else {}
+
+
+def _max_label(groups) -> int:
+    return max((len(label_n(g)) for g in groups), default=10)
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. cumulative floats (or wire bytes) vs iterations
+
+def cumulative_figure(ctx: Context, key: str = "floats_sent", what: str = "floats sent"):
+    """Cumulative `key` per worker vs iterations; log scale when the settings span decades;
+    a dot where each setting first reached the target."""
+    groups = [g for g in ctx.groups if any(r.has_column(key) for r in g.runs)]
+    if not groups:
+        raise Skip(f"no run has '{key}' in steps.jsonl")
+    st = styles(ctx.groups)
+    fig, (ax,), ncol = _new(len(groups) + 1, label_len=_max_label(groups))
+    finals, handles, labels = [], [], []
+    for g in groups:
+        m = _matrix([r.cumulative(key) for r in g.runs])
+        mean, lo, hi = _stats(m)
+        x = np.arange(1, m.shape[1] + 1)
+        handles.append(_draw(ax, x, mean, lo, hi, g.n, st[g], label_n(g)))
+        labels.append(label_n(g))
+        finals += [v for v in (np.nanmax(m[i]) if np.isfinite(m[i]).any() else np.nan for i in range(g.n))
+                   if math.isfinite(v) and v > 0]
+        hits = [r.first_hit(ctx.target) for r in g.runs]
+        hits = [h for h in hits if h is not None and math.isfinite(h.floats)]
+        if hits:
+            val = np.mean([h.floats if key == "floats_sent" else h.wire for h in hits])
+            ax.plot([np.mean([h.step for h in hits])], [val], "o", color=st[g]["color"], markersize=3.5,
+                    markeredgecolor="white", markeredgewidth=0.4, zorder=5)
+    if finals and max(finals) / min(finals) > 20:
+        ax.set_yscale("log")
+    _iteration_axis(ax)
+    ax.set_ylabel(f"Cumulative {what}\nper worker" + (" (bytes)" if key == "wire_bytes" else " (elements)"))
+    if ctx.target is not None:
+        handles.append(Line2D([], [], marker="o", linestyle="", color="0.3", markersize=3.5))
+        labels.append("target reached")
+    _title(fig, ctx.title)
+    _legend(fig, handles, labels, ncol)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. time to accuracy
+
+def _eval_points(run: Run, time_key: str) -> dict[int, tuple[float, float]]:
+    """{steps done at eval: (cumulative time, metric)} for evaluations with a known time."""
+    out = {}
+    cum = run.cumulative(time_key) if run.steps else np.array([])
+    for s, m in zip(*run.eval_series()):
+        if 0 < s <= len(cum) and int(run.steps[s - 1].get("step", s - 1)) == s - 1 and math.isfinite(cum[s - 1]):
+            out[int(s)] = (float(cum[s - 1]), float(m))
+    return out
+
+
+def _plain_log_y(ax) -> None:
+    """Log y axis labelled 20, 50, 100 instead of 2×10¹; minor labels only within one decade."""
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    few = lo > 0 and hi / lo < 10
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(
+        lambda v, _: f"{v:g}" if few and f"{v:.1e}"[0] in "235" else ""))
+
+
+def _metric_axis(ax, ctx: Context) -> None:
+    ax.set_ylabel(METRIC_AXIS.get(ctx.metric, ctx.metric))
+    if ctx.metric == "perplexity":
+        _plain_log_y(ax)
+
+
+def time_to_accuracy_figure(ctx: Context, time_key: str):
+    """Metric vs cumulative step time (wall: step_wall_s, modelled: step_model_s) at each eval."""
+    modelled = time_key == "step_model_s"
+    st = styles(ctx.groups)
+    groups = [g for g in ctx.groups if any(_eval_points(r, time_key) for r in g.runs)]
+    if not groups:
+        raise Skip(f"no run has evaluations with '{time_key}' step times")
+    fig, (ax,), ncol = _new(len(groups) + 1, label_len=_max_label(groups))
+    handles, labels = [], []
+    scale = metric_scale(ctx.metric)
+    for g in groups:
+        pts = [_eval_points(r, time_key) for r in g.runs]
+        steps = sorted({s for p in pts for s in p})
+        t = np.array([np.mean([p[s][0] for p in pts if s in p]) for s in steps])
+        vals = [[p[s][1] * scale for p in pts if s in p] for s in steps]
+        mean = np.array([np.mean(v) for v in vals])
+        lo, hi = np.array([min(v) for v in vals]), np.array([max(v) for v in vals])
+        handles.append(_draw(ax, t, mean, lo, hi, g.n, dict(st[g], **_markers(len(t))), label_n(g)))
+        labels.append(label_n(g))
+    _target_line(ax, ctx, handles, labels)
+    _metric_axis(ax, ctx)
+    ax.set_xlabel("Modelled cluster time (s)" if modelled else "Wall time, measured steps (s)")
+    if modelled:
+        sub = network_text(ctx.runs) + "; time = compute + compression + modelled comm."
+    else:
+        backends = sorted({str((r.summary or {}).get("backend") or r.cfg("cluster.backend", "?")) for r in ctx.runs})
+        sub = f"time = compute + compression + measured comm. (backend {', '.join(backends)})"
+    _title(fig, ctx.title, sub)
+    _legend(fig, handles, labels, ncol)
+    return fig
+
+
+def metric_vs_steps_figure(ctx: Context):
+    """Metric vs iterations at each evaluation."""
+    st = styles(ctx.groups)
+    groups = [g for g in ctx.groups if any(len(r.eval_series()[0]) for r in g.runs)]
+    if not groups:
+        raise Skip("no run has evaluations")
+    fig, (ax,), ncol = _new(len(groups) + 1, label_len=_max_label(groups))
+    handles, labels = [], []
+    scale = metric_scale(ctx.metric)
+    for g in groups:
+        series = [dict(zip(*r.eval_series())) for r in g.runs]
+        steps = sorted({int(s) for p in series for s in p})
+        vals = [[p[s] * scale for p in series if s in p] for s in steps]
+        handles.append(_draw(ax, np.array(steps), np.array([np.mean(v) for v in vals]),
+                             np.array([min(v) for v in vals]), np.array([max(v) for v in vals]), g.n,
+                             dict(st[g], **_markers(len(steps))), label_n(g)))
+        labels.append(label_n(g))
+    _target_line(ax, ctx, handles, labels)
+    _metric_axis(ax, ctx)
+    _iteration_axis(ax)
+    _title(fig, ctx.title)
+    _legend(fig, handles, labels, ncol)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. compression gain
+
+def static_gain_figure(ctx: Context, window: int = 0):
+    """Compression gain ||C(g)||²/||g||² over iterations, one panel per compressor, one line per CF."""
+    groups = [g for g in ctx.groups if g.method == "static" and any(r.has_column("gain") for r in g.runs)]
+    if not groups:
+        raise Skip("no static run records 'gain'")
+    comps = list(dict.fromkeys(g.first.compressor for g in groups))
+    st = styles(ctx.groups)
+    n_steps = max(len(r.steps) for g in groups for r in g.runs)
+    w = auto_window(n_steps, window)
+    fig, axes, ncol = _new(len(groups), height=1.5 if len(comps) > 1 else 2.2, nrows=len(comps),
+                           label_len=_max_label(groups))
+    handles, labels = [], []
+    for ax, comp in zip(axes, comps):
+        for g in (g for g in groups if g.first.compressor == comp):
+            m = _matrix([smooth(r.column("gain"), w) for r in g.runs])
+            mean, lo, hi = _stats(m)
+            handles.append(_draw(ax, np.arange(1, m.shape[1] + 1), mean, lo, hi, g.n, st[g], label_n(g)))
+            labels.append(label_n(g))
+        ax.set_ylabel(f"Gain ({COMPRESSOR_NAMES.get(comp, comp)})")
+        ax.set_ylim(bottom=0)
+    _iteration_axis(axes[-1])
+    _title(fig, f"{ctx.title}", "compression gain ||C(g)||²/||g||²" + (f", moving average of {w} steps" if w > 1 else ""))
+    _legend(fig, handles, labels, ncol)
+    return fig
+
+
+def gravac_gain_figure(ctx: Context, g: Group, window: int = 0):
+    """GraVAC's smoothed gains δ_min (at cf_min) and δ_c (at the candidate CF) and threshold ε."""
+    runs = [r for r in g.runs if r.has_column("delta_min")]
+    if not runs:
+        raise Skip(f"{g.label}: no 'delta_min' in steps.jsonl")
+    n_steps = max(len(r.steps) for r in runs)
+    w = auto_window(n_steps, window) if window > 0 else 1   # δ are already EWMA-smoothed
+    fig, (ax,), ncol = _new(3, label_len=24)
+    handles, labels = [], []
+    for key, color, text in (("delta_min", "#1f77b4", "δ_min (at cf_min)"), ("delta_c", "#d62728", "δ_c (at cf_min·cs)")):
+        m = _matrix([smooth(r.column(key), w) for r in runs])
+        mean, lo, hi = _stats(m)
+        handles.append(_draw(ax, np.arange(1, m.shape[1] + 1), mean, lo, hi, len(runs), dict(color=color), text))
+        labels.append(text)
+    eps = g.first.cfg("method.epsilon")
+    if isinstance(eps, (int, float)):
+        handles.append(ax.axhline(eps, color="0.3", linestyle=":", linewidth=0.9))
+        labels.append(f"ε = {eps:g}")
+    ax.set_ylim(bottom=0)
+    _iteration_axis(ax)
+    ax.set_ylabel("Compression gain (EWMA)")
+    _title(fig, label_n(g), ctx.title)
+    _legend(fig, handles, labels, ncol)
+    return fig
+
+
+def sent_cf_series(run: Run) -> tuple[np.ndarray, np.ndarray, str]:
+    """(iteration, CF, legend text): the CF of every step, or, when it changes so often that a
+    step line would be a solid block, the effective CF of blocks of steps (dense elements of the
+    block / floats sent in it, the same average as the tables' "mean CF sent")."""
+    cf, fl = run.column("cf"), run.column("floats_sent")
+    x = np.arange(1, len(cf) + 1)
+    changes = int(np.count_nonzero(np.diff(cf)))
+    if changes <= max(20, 0.02 * len(cf)) or not np.isfinite(fl).any():
+        x1, y1 = _thin(x, cf)
+        return x1, y1, "CF sent"
+    w = max(2, len(cf) // 100)
+    starts = np.arange(0, len(cf), w)
+    dense = np.where(np.isfinite(fl * cf), fl * cf, 0.0)
+    sent = np.where(np.isfinite(fl), fl, 0.0)
+    num, den = np.add.reduceat(dense, starts), np.add.reduceat(sent, starts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        eff = np.where(den > 0, num / den, np.nan)
+    return np.append(x[starts], len(cf)), np.append(eff, eff[-1]), f"CF sent (effective per {w} steps)"
+
+
+def cf_figure(ctx: Context, g: Group):
+    """The CF an adaptive method sent over iterations (log scale), with the metric on a second axis."""
+    runs = [r for r in g.runs if r.has_column("cf")]
+    if not runs:
+        raise Skip(f"{g.label}: no 'cf' in steps.jsonl")
+    fig, (ax,), ncol = _new(5, label_len=24)
+    handles, labels = [], []
+    for i, r in enumerate(runs):
+        x, y, text = sent_cf_series(r)
+        h, = ax.plot(x, y, drawstyle="steps-post", color="#d62728", linewidth=1.3, alpha=1 if i == 0 else 0.5,
+                     zorder=3)
+        if i == 0:
+            handles.append(h)
+            labels.append(text + (f" ({len(runs)} replicas)" if len(runs) > 1 else ""))
+    r0 = runs[0]
+    for key, style, text in (("cf_min", dict(color="#1f77b4", linestyle="--"), "cf_min"),
+                             ("cf_c", dict(color="#2ca02c", linestyle=":"), "candidate cf_min·cs")):
+        if r0.has_column(key):
+            x1, y1 = _thin(np.arange(1, len(r0.steps) + 1), r0.column(key))
+            h, = ax.plot(x1, y1, drawstyle="steps-post", linewidth=0.9, zorder=4, **style)
+            handles.append(h)
+            labels.append(text)
+    _plain_log_y(ax)
+    _iteration_axis(ax)
+    ax.set_ylabel("Compression factor (x)")
+    ax2 = ax.twinx()
+    ax2.grid(False)
+    scale = metric_scale(ctx.metric)
+    series = [dict(zip(*r.eval_series())) for r in g.runs]
+    steps = sorted({int(s) for p in series for s in p})
+    if steps:
+        mean = [np.mean([p[s] * scale for p in series if s in p]) for s in steps]
+        h, = ax2.plot(steps, mean, color="0.2", linewidth=1.0, **_markers(len(steps)))
+        handles.append(h)
+        labels.append(METRIC_AXIS.get(ctx.metric, ctx.metric).split(" (")[0])
+    _metric_axis(ax2, ctx)
+    _title(fig, label_n(g), ctx.title)
+    _legend(fig, handles, labels, ncol)
+    return fig
+
+
+def tcomp_figure(ctx: Context, g: Group):
+    """GraVAC's T_compression (samples/s × gain) per candidate CF: evolution and final values."""
+    runs = [r for r in g.runs if any(isinstance(s.get("t_compression"), dict) and s["t_compression"] for s in r.steps)]
+    if not runs:
+        raise Skip(f"{g.label}: no 't_compression' in steps.jsonl")
+    keys = sorted({k for r in runs for s in r.steps if isinstance(s.get("t_compression"), dict)
+                   for k in s["t_compression"]}, key=lambda k: float(k) if _isnum(k) else math.inf)
+    cmap = plt.get_cmap("plasma")      # ordered by CF; stops short of plasma's pale yellow
+    colors = {k: cmap(0.8 * i / max(1, len(keys) - 1)) for i, k in enumerate(keys)}
+    names = {k: ("dense (1x)" if _isnum(k) and float(k) == 1 else fmt_cf(k) if _isnum(k) else k) for k in keys}
+    fig, (ax, axb), ncol = _new(len(keys), height=1.6, nrows=2, sharex=False)
+    handles, labels = [], []
+    for k in keys:
+        m = _matrix([np.array([_tc(s, k) for s in r.steps]) for r in runs])
+        mean, lo, hi = _stats(m)
+        handles.append(_draw(ax, np.arange(1, m.shape[1] + 1), mean, lo, hi, len(runs), dict(color=colors[k]), names[k]))
+        labels.append(names[k])
+    _iteration_axis(ax)
+    ax.set_ylabel("T_compression\n(samples/s)")
+    finals = {k: [v for v in (_last_tc(r, k) for r in runs) if math.isfinite(v)] for k in keys}
+    xs = [i for i, k in enumerate(keys) if finals[k]]
+    vals = [float(np.mean(finals[keys[i]])) for i in xs]
+    axb.bar(xs, vals, color=[colors[keys[i]] for i in xs], width=0.6)
+    for i, v in zip(xs, vals):
+        axb.annotate(f"{v:.0f}" if v >= 100 else f"{v:.3g}", (i, v), ha="center", va="bottom", fontsize=7, xytext=(0, 1),
+                     textcoords="offset points")
+    axb.set_xticks(range(len(keys)), [names[k] for k in keys])
+    axb.set_xlabel("Compression factor")
+    axb.set_ylabel("Final T_compression\n(samples/s)")
+    axb.margins(y=0.18)
+    axb.grid(axis="x", visible=False)
+    _title(fig, label_n(g), ctx.title)
+    _legend(fig, handles, labels, min(4, len(keys)))
+    return fig
+
+
+def _isnum(k) -> bool:
+    try:
+        float(k)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _tc(step: dict, key: str) -> float:
+    t = step.get("t_compression")
+    v = t.get(key) if isinstance(t, dict) else None
+    return float(v) if isinstance(v, (int, float)) else math.nan
+
+
+def _last_tc(run: Run, key: str) -> float:
+    for s in reversed(run.steps):
+        if isinstance(s.get("t_compression"), dict) and s["t_compression"]:
+            return _tc(s, key)
+    return math.nan
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. direct vs multi-level compression
+
+def multilevel_figure(rows: list[dict]):
+    """Speedup of multi-level over direct compression (direct time / multi-level time)."""
+    if not rows:
+        raise Skip("no direct/multi-level rows")
+    models = list(dict.fromkeys(str(r["model"]) for r in rows))
+    cats = list(dict.fromkeys((r["compressor"], r["cf"]) for r in rows))
+    multi_cf = len({c for c, _ in cats}) < len(cats)
+    fig, (ax,), ncol = _new(len(models), label_len=max(len(m) for m in models))
+    width = 0.8 / len(models)
+    cmap = plt.get_cmap("tab10")
+    for j, model in enumerate(models):
+        xs, ys = [], []
+        for i, cat in enumerate(cats):
+            r = next((r for r in rows if str(r["model"]) == model and (r["compressor"], r["cf"]) == cat), None)
+            if r is not None and math.isfinite(r["speedup"]):
+                xs.append(i - 0.4 + width * (j + 0.5))
+                ys.append(r["speedup"])
+        ax.bar(xs, ys, width=width * 0.95, color=cmap(j % 10), label=model)
+    ax.axhline(1.0, color="0.3", linestyle=":", linewidth=0.9)
+    ax.set_xticks(range(len(cats)), [COMPRESSOR_NAMES.get(c, c) + (f"\n{fmt_cf(cf)}" if multi_cf else "")
+                                     for c, cf in cats])
+    ax.set_ylabel("Speedup of multi-level\n(direct time / multi-level time)")
+    ax.grid(axis="x", visible=False)
+    cfs = sorted({cf for _, cf in cats if isinstance(cf, float)})
+    _title(fig, "Direct vs multi-level compression",
+           f"final CF {', '.join(fmt_cf(c) for c in cfs)}" if cfs and not multi_cf else "")
+    h, lab = ax.get_legend_handles_labels()
+    _legend(fig, h, lab, ncol if len(models) > 1 else 1)
+    return fig

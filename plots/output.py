@@ -1,0 +1,77 @@
+"""Writing results atomically and keeping the list of what was made and what was skipped.
+
+Every file goes to a temporary name in the output folder and is renamed into place, so a reader
+(or a concurrent re-run) never sees half a figure or table. The index (README.md) lists each
+output with a one-line description, the runs that were incomplete and the outputs that could not
+be made, with the reason.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+from dataclasses import dataclass, field
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def csv_text(rows: list[dict], columns: list[str]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in columns})
+    return buf.getvalue()
+
+
+@dataclass
+class Outputs:
+    """The output folder and its inventory."""
+    folder: str
+    formats: tuple = ("png", "pdf")
+    made: list[tuple[str, str]] = field(default_factory=list)      # (file names, description)
+    skipped: list[tuple[str, str]] = field(default_factory=list)   # (output, reason)
+
+    def __post_init__(self):
+        os.makedirs(self.folder, exist_ok=True)
+
+    def figure(self, fig, stem: str, description: str) -> None:
+        """Save `fig` as STEM.png and STEM.pdf (the chosen formats) and close it."""
+        import matplotlib.pyplot as plt
+        names = []
+        for ext in self.formats:
+            buf = io.BytesIO()
+            fig.savefig(buf, format=ext, dpi=200, bbox_inches="tight", pad_inches=0.02)
+            atomic_write_bytes(os.path.join(self.folder, f"{stem}.{ext}"), buf.getvalue())
+            names.append(f"{stem}.{ext}")
+        plt.close(fig)
+        self.made.append((" ".join(names), description))
+
+    def table(self, stem: str, markdown: str, rows: list[dict], columns: list[str], description: str) -> None:
+        """Write STEM.md (for reading) and STEM.csv (every number, unformatted)."""
+        atomic_write_text(os.path.join(self.folder, f"{stem}.md"), markdown)
+        atomic_write_text(os.path.join(self.folder, f"{stem}.csv"), csv_text(rows, columns))
+        self.made.append((f"{stem}.md {stem}.csv", description))
+
+    def skip(self, what: str, reason: str) -> None:
+        self.skipped.append((what, reason))
+
+    def write_index(self, header: str, incomplete: list[tuple[str, list[str]]], conventions: str) -> None:
+        lines = ["# Figures and tables", "", header, "", "## Made", ""]
+        lines += [f"- `{files}`: {desc}" for files, desc in self.made] or ["(nothing)"]
+        if self.skipped:
+            lines += ["", "## Not made", ""] + [f"- {what}: {why}" for what, why in self.skipped]
+        if incomplete:
+            lines += ["", "## Incomplete runs (used for what they contain)", ""]
+            lines += [f"- `{path}`: {'; '.join(why)}" for path, why in incomplete]
+        lines += ["", "## Conventions", "", conventions.strip(), ""]
+        atomic_write_text(os.path.join(self.folder, "README.md"), "\n".join(lines))

@@ -1,0 +1,227 @@
+"""Regenerate the GraVAC paper's figures and tables from run folders.
+
+    python plots/paper.py RESULTS_DIR... --out FOLDER [--target T] [--reference "Top-k 10x"]
+                          [--bench results/compress_bench.csv] [--smooth N]
+
+RESULTS_DIR may be a run folder, an experiment or multirun folder (searched recursively for
+folders holding steps.jsonl or summary.json), or the benchmark CSV. Writes PNG+PDF figures,
+Markdown+CSV tables and an index README.md into --out, prints the incomplete runs and what could
+not be made (and why), and exits 0 when anything was made; non-zero with one line when no run
+was found.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+if __package__ in (None, ""):  # run as `python plots/paper.py`: make the repo importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from plots import bench, figures, tables  # noqa: E402
+from plots.load import Context, build_contexts, find_runs, load_run  # noqa: E402
+from plots.output import Outputs  # noqa: E402
+
+CONVENTIONS = """
+- Floats sent and wire bytes are per worker; cumulative values are sums over steps.jsonl.
+- Target reached = the first evaluation whose metric reaches the target (≥; ≤ for perplexity).
+  Floats, bytes and times to target are taken at that evaluation's step, not interpolated
+  between evaluations (the same point summary.json's target_reached records).
+- Wall time = Σ step_wall_s (compute + compression + measured communication); modelled time =
+  Σ step_model_s (compute + compression + alpha-beta modelled communication). Evaluation time is
+  excluded from both. The network model and its parameters are in the time-to-accuracy subtitles.
+- Savings and speedups are baseline / GraVAC (or reference / setting): > 1 favours GraVAC (the
+  setting). A baseline that never reached the target gives a lower bound (≥), computed from its
+  whole run; a GraVAC run (setting) that never reached it gives "not reached".
+- Runs that differ only in seeds (train.seed, dataset.seed), paths, logging or options their
+  method ignores are replicas of one setting: figures draw the mean with a min-max band; tables
+  give the mean ± sample standard deviation over the replicas that reached the target, and
+  ratios of those means. "(n=3)" in a legend is the number of replicas.
+- Accuracy is shown in percent; differences to the target in percentage points.
+- Compression gains of static runs are drawn as a trailing moving average (window in the
+  subtitle); GraVAC's δ are drawn as recorded (already EWMA-smoothed).
+"""
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="plots/paper.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", nargs="*", default=["results/runs"],
+                   help="run folders, experiment/multirun folders or the benchmark CSV (default results/runs)")
+    p.add_argument("--out", default="results/paper", help="output folder (default results/paper)")
+    p.add_argument("--target", type=float, default=None,
+                   help="target metric value for every context (default: the runs' train.target); "
+                        "accuracy as a fraction (0.8) or percent (80)")
+    p.add_argument("--reference", default="Top-k 10x", help="setting the static table's speedups refer to")
+    p.add_argument("--bench", default=None, help="compression benchmark CSV (default: compress_bench*.csv "
+                                                 "in or next to the results folders)")
+    p.add_argument("--smooth", type=int, default=0, help="moving-average window of static gains (0: auto)")
+    p.add_argument("--formats", default="png,pdf",
+                   help="figure formats, comma-separated (default png,pdf; PDF embeds TrueType fonts)")
+    p.add_argument("--debug", action="store_true", help="raise instead of reporting unexpected errors")
+    return p.parse_args(argv)
+
+
+def find_bench_csv(args, csvs: list[str]) -> str | None:
+    if args.bench:
+        return args.bench
+    if csvs:
+        return csvs[0]
+    for d in args.results:
+        for folder in (d, os.path.dirname(os.path.abspath(d))):
+            if os.path.isdir(folder):
+                for name in sorted(os.listdir(folder)):
+                    if name.startswith("compress_bench") and name.endswith(".csv"):
+                        return os.path.join(folder, name)
+    return None
+
+
+def _attempt(out: Outputs, what: str, debug: bool, fn, *a, **kw):
+    """Run fn; a Skip or unexpected error becomes a 'not made' entry instead of a traceback."""
+    try:
+        return fn(*a, **kw)
+    except figures.Skip as e:
+        out.skip(what, str(e))
+    except Exception as e:  # noqa: BLE001 - reported, the other outputs still get made
+        if debug:
+            raise
+        out.skip(what, f"unexpected error {type(e).__name__}: {e} (rerun with --debug for the traceback)")
+    return None
+
+
+def make_figures(ctx: Context, out: Outputs, suffix: str, args) -> None:
+    def fig(stem, desc, fn, *a):
+        f = _attempt(out, f"{stem}{suffix}", args.debug, fn, *a)
+        if f is not None:
+            out.figure(f, f"{stem}{suffix}", f"{desc} ({ctx.title})")
+
+    fig("floats_cumulative", "cumulative floats sent per worker vs iterations (Fig. 1-style)",
+        figures.cumulative_figure, ctx, "floats_sent", "floats sent")
+    fig("wire_bytes_cumulative", "cumulative wire bytes per worker vs iterations",
+        figures.cumulative_figure, ctx, "wire_bytes", "wire bytes")
+    fig("time_to_accuracy_model", "metric vs modelled cluster time", figures.time_to_accuracy_figure, ctx,
+        "step_model_s")
+    fig("time_to_accuracy_wall", "metric vs measured wall time", figures.time_to_accuracy_figure, ctx,
+        "step_wall_s")
+    fig("metric_vs_iterations", "metric vs iterations", figures.metric_vs_steps_figure, ctx)
+    if any(g.method == "static" for g in ctx.groups):
+        fig("gain_static", "compression gain of static compressors per CF (Figs. 4-6)",
+            figures.static_gain_figure, ctx, args.smooth)
+    for g in ctx.groups:
+        if g.method == "gravac":
+            fig(f"gravac_gain_{g.slug}", f"GraVAC δ_min, δ_c and ε, {g.label}", figures.gravac_gain_figure, ctx, g,
+                args.smooth)
+            fig(f"gravac_cf_{g.slug}", f"CF chosen by GraVAC and metric, {g.label}", figures.cf_figure, ctx, g)
+            fig(f"gravac_tcomp_{g.slug}", f"T_compression per candidate CF, {g.label}", figures.tcomp_figure, ctx, g)
+        elif g.method == "accordion":
+            fig(f"accordion_cf_{g.slug}", f"CF sent by Accordion and metric, {g.label}", figures.cf_figure, ctx, g)
+
+
+def make_tables(contexts: list[Context], out: Outputs, args) -> None:
+    res = _attempt(out, "comm_savings", args.debug, tables.savings_table, contexts)
+    if res is not None:
+        text, rows, why_not = res
+        for w in why_not:
+            out.skip("comm_savings" + (" (one context)" if rows else ""), w)
+        if rows:
+            out.table("comm_savings", text, rows, tables.SAVINGS_COLUMNS,
+                      "floats / wire bytes / time to the same target, baselines vs GraVAC (Table 4)")
+        elif not why_not:
+            out.skip("comm_savings", "no baseline/GraVAC pair")
+    res = _attempt(out, "static_compression", args.debug, tables.static_table, contexts, args.reference)
+    if res is not None:
+        text, rows, notes = res
+        for n in notes:
+            out.skip("static_compression", n)
+        if rows:
+            out.table("static_compression", text, rows, tables.STATIC_COLUMNS,
+                      f"final metric, difference to target, speedup vs {args.reference} (Table 2)")
+
+
+def make_bench(path: str | None, out: Outputs, args) -> None:
+    if path is None:
+        out.skip("multilevel", "no compress_bench*.csv found (write one with bench/compress_bench.py, or pass --bench)")
+        return
+    if not os.path.exists(path):
+        out.skip("multilevel", f"{path} does not exist")
+        return
+    try:
+        rows = bench.multilevel_rows(path)
+    except (bench.BenchFormatError, OSError, UnicodeDecodeError) as e:
+        out.skip("multilevel", str(e))
+        return
+    out.table("multilevel", tables.multilevel_table(rows, path), rows, tables.MULTILEVEL_COLUMNS,
+              "direct vs multi-level compression times (Table 3)")
+    f = _attempt(out, "multilevel", args.debug, figures.multilevel_figure, rows)
+    if f is not None:
+        out.figure(f, "multilevel", "speedup of multi-level over direct compression (Table 3)")
+
+
+def _rel(path: str) -> str:
+    r = os.path.relpath(path)
+    return r if not r.startswith("../..") else path
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    run_dirs, csvs, missing = find_runs(args.results)
+    bench_csv = find_bench_csv(args, csvs)
+    if not run_dirs and not (args.bench or csvs):
+        gone = f"; does not exist: {', '.join(missing)}" if missing else ""
+        print(f"error: no runs found in {', '.join(args.results)} (a run folder holds steps.jsonl or "
+              f"summary.json){gone}", file=sys.stderr)
+        return 2
+    for m in missing:
+        print(f"not found: {m}")
+    runs = [load_run(d) for d in run_dirs]
+    contexts = build_contexts(runs, args.target)
+    figures.setup_style()
+    formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
+    bad = [f for f in formats if f not in ("png", "pdf", "svg")]
+    if bad or not formats:
+        print(f"error: --formats takes png, pdf or svg, got {args.formats!r}", file=sys.stderr)
+        return 2
+    out = Outputs(args.out, formats)
+    n_settings = sum(len(c.groups) for c in contexts)
+    print(f"{len(runs)} run(s), {n_settings} setting(s), {len(contexts)} context(s) from {', '.join(args.results)}")
+    for ctx in contexts:
+        print(f"  {ctx.title}: target {ctx.target if ctx.target is not None else 'none'}; "
+              + ", ".join(f"{g.label}" + (f" x{g.n}" if g.n > 1 else "") for g in ctx.groups))
+        if ctx.target_note:
+            print(f"  note: {ctx.target_note}")
+    incomplete = [(_rel(r.path), r.problems) for r in runs if r.problems]
+    if incomplete:
+        print("incomplete runs (used for what they contain):")
+        for path, why in incomplete:
+            print(f"  {path}: {'; '.join(why)}")
+    notes = [(_rel(r.path), r.notes) for r in runs if r.notes]
+    for path, n in notes:
+        print(f"  cross-check {path}: {'; '.join(n)}")
+
+    for ctx in contexts:
+        make_figures(ctx, out, f"__{ctx.slug}" if len(contexts) > 1 else "", args)
+    if contexts:
+        make_tables(contexts, out, args)
+    else:
+        out.skip("figures and run tables", "no runs found")
+    make_bench(bench_csv, out, args)
+
+    header = (f"Made by `plots/paper.py` from {', '.join(f'`{p}`' for p in args.results)}: {len(runs)} run(s), "
+              f"{n_settings} setting(s). Contexts: " + "; ".join(
+                  f"{c.title} ({c.metric}, target {c.target if c.target is not None else 'none'})" for c in contexts))
+    out.write_index(header, incomplete + [(p, [f"cross-check: {x}" for x in n]) for p, n in notes
+                                          if p not in dict(incomplete)], CONVENTIONS)
+    print(f"made {len(out.made)} output(s) in {args.out} (index: {os.path.join(args.out, 'README.md')}):")
+    for files, _ in out.made:
+        print(f"  {files}")
+    if out.skipped:
+        print("not made:")
+        for what, why in out.skipped:
+            print(f"  {what}: {why}")
+    if not out.made:
+        print("error: nothing could be made from these runs (see 'not made' above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

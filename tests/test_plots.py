@@ -1,0 +1,338 @@
+"""plots/: hand-made run folders in tmp_path -> every figure and table, numbers checked by hand.
+
+Fixture (4 workers, 10 steps, evaluations every 2 steps, target top-1 0.6):
+
+| setting                   | floats/step        | model s/step | wall s/step | top-1 at 2,4,6,8,10  | target at |
+|---------------------------|--------------------|--------------|-------------|----------------------|-----------|
+| Dense                     | 1000               | 1.0          | 0.5         | .2 .4 .6 .8 .85      | step 6    |
+| Top-k 10x seed 0          | 100                | 0.5          | 0.4         | .1 .3 .5 .6 .7       | step 8    |
+| Top-k 10x seed 1          | 100                | 0.5          | 0.4         | .1 .3 .6 .65 .7      | step 6    |
+| Top-k 100x                | 10                 | 0.3          | 0.25        | .1 .2 .3 .4 .5       | never     |
+| GraVAC ε=0.7 (dgc)        | 100 x4, then 10    | 0.6          | 0.3         | .2 .5 .6 .7 .8       | step 6    |
+| Accordion (randomk 1.5x/1000x) | 600 x5, then 1 | 0.8          | 0.4         | .1 .2 .3 .5 .6       | step 10   |
+
+wire bytes = 8 x floats (4 for dense). Floats to target: Dense 6000, Top-k 10x 800 and 600 (mean
+700), GraVAC 4·100 + 2·10 = 420, Accordion 5·600 + 5·1 = 3005; Top-k 100x sent 100 in all.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from plots.paper import main
+
+ROOT = Path(__file__).resolve().parents[1]
+M = 1000          # parameters
+STEPS = 10
+EVERY = 2
+TARGET = 0.6
+
+
+def write_run(root: Path, name: str, method: str, compressor: str, cf: float, floats, metrics, model_s, wall_s,
+              seed: int = 0, extra=None, summary: bool = True, torn: bool = False, target: float = TARGET,
+              epsilon: float = 0.7, model: str = "resnet_mini", metric: str = "top1") -> Path:
+    """A run folder as bench/run.py writes it, from hand-chosen per-step floats and eval metrics."""
+    d = root / name
+    d.mkdir(parents=True)
+    config = {
+        "model": {"name": model}, "dataset": {"name": "synthetic", "seed": 0},
+        "compressor": {"name": compressor, "cf": cf},
+        "method": {"name": method, "cf_min": 10.0, "cf_max": 1000.0, "window": 4, "step": 2.0, "epsilon": epsilon,
+                   "omega": 0.01, "policy": "exponential", "cf_low": 1.5, "cf_high": 1000.0},
+        "cluster": {"backend": "sim", "workers": 4},
+        "network": {"name": "10gbps", "enabled": True, "bandwidth_gbps": 10.0, "latency_us": 10.0},
+        "train": {"steps": STEPS, "eval_every": EVERY, "target_metric": metric, "target": target, "seed": seed},
+        "experiment": {"name": "fixture", "run_id": name},
+    }
+    (d / "config.yaml").write_text(yaml.safe_dump(config))
+    lines, tot = [], {"floats": 0.0, "wire": 0.0, "model": 0.0, "wall": 0.0}
+    for i, f in enumerate(floats):
+        wire = f * (4 if method == "dense" else 8)
+        rec = {"step": i, "epoch": i / 10, "loss": 1.0, "lr": 0.1, "cf": M / f, "floats_sent": f, "wire_bytes": wire,
+               "compute_s": model_s / 2, "compress_s": 0.0, "comm_s": wall_s - model_s / 2,
+               "comm_model_s": model_s / 2, "step_model_s": model_s, "step_wall_s": wall_s}
+        rec.update(extra(i) if extra else {})
+        lines.append(json.dumps(rec))
+        tot["floats"] += f
+        tot["wire"] += wire
+        tot["model"] += model_s
+        tot["wall"] += wall_s
+    text = "\n".join(lines) + "\n"
+    if torn:
+        text += '{"step": 10, "epoch": 1.0, "loss": 0.9, "cf": 10'
+    (d / "steps.jsonl").write_text(text)
+    values = (lambda m: {"perplexity": m}) if metric == "perplexity" else (lambda m: {"top1": m, "top5": min(1, m + .2)})
+    evals = [{"step": (j + 1) * EVERY, "epoch": 0.2 * (j + 1), "loss": 1.0, **values(m), "metric": m, "eval_s": 0.1}
+             for j, m in enumerate(metrics)]
+    (d / "evals.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    if summary:
+        reached = (lambda v: v <= target) if metric == "perplexity" else (lambda v: v >= target)
+        hit = next((e for e in evals if reached(e["metric"])), None)
+        tr = None
+        if hit:
+            n = hit["step"]
+            fl = sum(floats[:n])
+            tr = {"step": n, "floats_sent": fl, "wire_bytes": fl * (4 if method == "dense" else 8),
+                  "wall_s": 99.0, "step_wall_s": n * wall_s, "model_s": n * model_s}
+        s = {"status": "completed", "method": method, "compressor": compressor, "cf": cf if method == "static" else None,
+             "model": model, "dataset": "synthetic", "parameters": M, "workers": 4, "backend": "sim",
+             "steps": len(floats), "total_steps": STEPS, "metric": metric, "final_metric": metrics[-1],
+             "best_metric": (min if metric == "perplexity" else max)(metrics), "target": target, "floats_sent": tot["floats"], "wire_bytes": tot["wire"],
+             "wall_s": 123.0, "step_wall_s": tot["wall"], "model_s": tot["model"], "time_source": "modelled",
+             "network": {"name": "10gbps", "enabled": True, "latency_us": 10.0, "bandwidth_gbps": 10.0},
+             "cf_histogram": {}, "target_reached": tr}
+        (d / "summary.json").write_text(json.dumps(s))
+    return d
+
+
+def static_gain(g):
+    return lambda i: {"gain": g - 0.01 * i}
+
+
+def gravac_extra(i):
+    cf_min, cs = (10.0, 10.0)
+    level = "min" if i < 4 else "c"
+    tc = {"1": 50.0, "10": 400.0} if i < 4 else {"1": 50.0, "10": 400.0, "100": 380.0 + i}
+    return {"cf_min": cf_min, "cs": cs, "cf_c": cf_min * cs, "level": level, "delta_min": 0.9 - 0.01 * i,
+            "delta_c": 0.6 + 0.03 * i, "delta_min_raw": 0.9, "delta_c_raw": 0.7, "t_system": 500.0,
+            "t_compression": tc, "settled": False}
+
+
+def accordion_extra(i):
+    return {"cf_low_layers": 3 if i < 5 else 0, **({"accordion_decision": "low"} if i == 4 else {})}
+
+
+def make_fixture(root: Path) -> Path:
+    exp = root / "runs" / "fixture"
+    write_run(exp, "dense", "dense", "none", 100.0, [1000.0] * 10, [.2, .4, .6, .8, .85], 1.0, 0.5)
+    write_run(exp, "topk10-s0", "static", "topk", 10.0, [100.0] * 10, [.1, .3, .5, .6, .7], 0.5, 0.4,
+              extra=static_gain(0.8))
+    write_run(exp, "topk10-s1", "static", "topk", 10.0, [100.0] * 10, [.1, .3, .6, .65, .7], 0.5, 0.4, seed=1,
+              extra=static_gain(0.82))
+    write_run(exp, "topk100", "static", "topk", 100.0, [10.0] * 10, [.1, .2, .3, .4, .5], 0.3, 0.25,
+              extra=static_gain(0.5))
+    write_run(exp, "gravac", "gravac", "dgc", 100.0, [100.0] * 4 + [10.0] * 6, [.2, .5, .6, .7, .8], 0.6, 0.3,
+              extra=gravac_extra)
+    write_run(exp, "accordion", "accordion", "randomk", 100.0, [600.0] * 5 + [1.0] * 5, [.1, .2, .3, .5, .6],
+              0.8, 0.4, extra=accordion_extra)
+    return root / "runs"
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def num(x: str) -> float:
+    return float(x) if x not in ("", None) else math.nan
+
+
+FIGURES = ["floats_cumulative", "wire_bytes_cumulative", "time_to_accuracy_model", "time_to_accuracy_wall",
+           "metric_vs_iterations", "gain_static", "gravac_gain_gravac-eps0.7-dgc", "gravac_cf_gravac-eps0.7-dgc",
+           "gravac_tcomp_gravac-eps0.7-dgc", "accordion_cf_accordion-randomk-1.5x-1000x", "multilevel"]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plots")
+    runs = make_fixture(root)
+    bench = root / "compress_bench.csv"
+    bench.write_text("model,compressor,cf,mode,median_s\n"
+                     "resnet101,topk,1000,direct,0.020\nresnet101,topk,1000,multilevel,0.0125\n"
+                     "resnet101,dgc,1000,direct,0.010\nresnet101,dgc,1000,multilevel,0.008\n"
+                     "vgg16,topk,1000,direct,0.030\nvgg16,topk,1000,multilevel,0.015\n"
+                     "resnet101,topk,10,single,0.5\n")
+    out = root / "out"
+    code = main([str(runs), "--out", str(out), "--bench", str(bench), "--debug"])
+    return code, out
+
+
+def test_every_figure_and_table_is_made(made):
+    code, out = made
+    assert code == 0
+    for stem in FIGURES:
+        for ext in ("png", "pdf"):
+            assert (out / f"{stem}.{ext}").stat().st_size > 1000, f"{stem}.{ext}"
+    for stem in ("comm_savings", "static_compression", "multilevel"):
+        assert (out / f"{stem}.md").exists() and (out / f"{stem}.csv").exists()
+    index = (out / "README.md").read_text()
+    assert "floats_cumulative.png" in index and "Conventions" in index
+    assert not list(out.glob("*.tmp.*"))
+
+
+def test_savings_table_numbers(made):
+    _, out = made
+    rows = {(r["baseline"], r["gravac"]): r for r in read_csv(out / "comm_savings.csv")}
+    g = "GraVAC ε=0.7 (dgc)"
+    assert set(rows) == {(b, g) for b in ("Accordion (randomk 1.5x/1000x)", "Dense", "Top-k 10x", "Top-k 100x")}
+    acc = rows[("Accordion (randomk 1.5x/1000x)", g)]
+    assert num(acc["baseline_floats"]) == 3005 and num(acc["gravac_floats"]) == 420
+    assert num(acc["comm_saving"]) == pytest.approx(3005 / 420)
+    assert num(acc["model_speedup"]) == pytest.approx(8.0 / 3.6)
+    assert num(acc["wall_speedup"]) == pytest.approx(4.0 / 1.8)
+    assert num(acc["wire_saving"]) == pytest.approx(3005 * 8 / (420 * 8))
+    dense = rows[("Dense", g)]
+    assert num(dense["comm_saving"]) == pytest.approx(6000 / 420)
+    assert num(dense["model_speedup"]) == pytest.approx(6.0 / 3.6)
+    assert num(dense["wall_speedup"]) == pytest.approx(3.0 / 1.8)
+    assert dense["comm_saving_kind"] == "exact"
+    topk = rows[("Top-k 10x", g)]          # two seeds: mean of 800 and 600
+    assert topk["baseline_runs"] == "2" and topk["baseline_reached"] == "2"
+    assert num(topk["baseline_floats"]) == pytest.approx(700)
+    assert num(topk["baseline_floats_sd"]) == pytest.approx(math.sqrt(2) * 100)
+    assert num(topk["comm_saving"]) == pytest.approx(700 / 420)
+    assert num(topk["model_speedup"]) == pytest.approx(3.5 / 3.6)
+    never = rows[("Top-k 100x", g)]        # never reached: its whole run is a lower bound
+    assert never["baseline_reached"] == "0" and never["comm_saving_kind"] == "lower_bound"
+    assert num(never["comm_saving"]) == pytest.approx(100 / 420)
+    md = (out / "comm_savings.md").read_text()
+    assert "not reached" in md and "7.15x" in md and "14.3x" in md
+
+
+def test_static_table_numbers(made):
+    _, out = made
+    rows = {r["setting"]: r for r in read_csv(out / "static_compression.csv")}
+    assert list(rows) == ["Dense", "Top-k 10x", "Top-k 100x", "Accordion (randomk 1.5x/1000x)", "GraVAC ε=0.7 (dgc)"]
+    ref_model, ref_wall = 3.5, 2.8
+    assert num(rows["Top-k 10x"]["speedup_model"]) == pytest.approx(1.0)
+    assert num(rows["Dense"]["speedup_model"]) == pytest.approx(ref_model / 6.0)
+    assert num(rows["Dense"]["speedup_wall"]) == pytest.approx(ref_wall / 3.0)
+    assert num(rows["GraVAC ε=0.7 (dgc)"]["speedup_model"]) == pytest.approx(ref_model / 3.6)
+    assert num(rows["GraVAC ε=0.7 (dgc)"]["speedup_wall"]) == pytest.approx(ref_wall / 1.8)
+    assert num(rows["Accordion (randomk 1.5x/1000x)"]["speedup_model"]) == pytest.approx(ref_model / 8.0)
+    assert rows["Top-k 100x"]["speedup_model"] == "" and rows["Top-k 100x"]["reached"] == "0"
+    assert num(rows["Dense"]["final_metric"]) == pytest.approx(0.85)
+    assert num(rows["Dense"]["delta_to_target"]) == pytest.approx(0.25)
+    assert num(rows["Top-k 100x"]["delta_to_target"]) == pytest.approx(-0.1)
+    assert num(rows["Top-k 10x"]["steps_to_target"]) == pytest.approx(7)
+    assert num(rows["GraVAC ε=0.7 (dgc)"]["mean_cf"]) == pytest.approx(10 * M / 460)
+    assert num(rows["Top-k 10x"]["mean_cf"]) == pytest.approx(10)
+    md = (out / "static_compression.md").read_text()
+    assert "+25.00 pp" in md and "not reached" in md
+
+
+def test_multilevel_table(made):
+    _, out = made
+    rows = {(r["model"], r["compressor"]): r for r in read_csv(out / "multilevel.csv")}
+    assert set(rows) == {("resnet101", "topk"), ("resnet101", "dgc"), ("vgg16", "topk")}
+    assert num(rows[("resnet101", "topk")]["speedup"]) == pytest.approx(1.6)
+    assert num(rows[("vgg16", "topk")]["speedup"]) == pytest.approx(2.0)
+
+
+def test_multilevel_reader_is_tolerant(tmp_path):
+    from plots.bench import BenchFormatError, multilevel_rows
+    wide = tmp_path / "wide.csv"
+    wide.write_text("size,compressor,cf,direct_ms,multilevel_ms\n1000000,topk,1000,20,10\n1000000,topk,1000,22,12\n")
+    (row,) = multilevel_rows(str(wide))
+    assert row["direct_s"] == pytest.approx(0.021) and row["speedup"] == pytest.approx(21 / 11)
+    odd = tmp_path / "odd.csv"      # multi-level rows name their CF differently: paired without CF
+    odd.write_text("model,compressor,cf,kind,time_s\nvgg16,dgc,1000,direct,0.3\nvgg16,dgc,10->100,multi-level,0.2\n")
+    (row,) = multilevel_rows(str(odd))
+    assert row["speedup"] == pytest.approx(1.5)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("model,compressor,cf,time_s\nvgg16,dgc,1000,0.3\n")
+    with pytest.raises(BenchFormatError, match="direct"):
+        multilevel_rows(str(bad))
+
+
+def test_incomplete_run_is_used_and_named(tmp_path, capsys):
+    exp = tmp_path / "runs"
+    write_run(exp, "dense", "dense", "none", 100.0, [1000.0] * 10, [.2, .4, .6, .8, .85], 1.0, 0.5)
+    write_run(exp, "gravac-killed", "gravac", "dgc", 100.0, [100.0] * 4 + [10.0] * 2, [.2, .5, .6], 0.6, 0.3,
+              extra=gravac_extra, summary=False, torn=True)
+    out = tmp_path / "out"
+    assert main([str(exp), "--out", str(out), "--formats", "png"]) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if "gravac-killed" in x)
+    assert "summary.json missing" in line and "torn" in line
+    assert "gravac-killed" in (out / "README.md").read_text()
+    rows = read_csv(out / "comm_savings.csv")
+    assert len(rows) == 1 and num(rows[0]["gravac_floats"]) == 420       # 6 complete steps were enough
+    assert num(rows[0]["comm_saving"]) == pytest.approx(6000 / 420)
+    for stem in ("floats_cumulative", "time_to_accuracy_model", "gravac_cf_gravac-eps0.7-dgc"):
+        assert (out / f"{stem}.png").exists()
+    assert "multilevel" in text                                           # reported as not made, with why
+
+
+def test_no_target_reports_why(tmp_path, capsys):
+    exp = tmp_path / "runs"
+    write_run(exp, "dense", "dense", "none", 100.0, [1000.0] * 10, [.2, .4, .6, .8, .85], 1.0, 0.5, target=0.0)
+    write_run(exp, "gravac", "gravac", "dgc", 100.0, [100.0] * 10, [.2, .5, .6, .7, .8], 0.6, 0.3, target=0.0,
+              extra=gravac_extra)
+    assert main([str(exp), "--out", str(tmp_path / "o"), "--formats", "png"]) == 0
+    assert "no target" in capsys.readouterr().out
+    assert main([str(exp), "--out", str(tmp_path / "o2"), "--target", "60", "--formats", "png"]) == 0  # percent
+    rows = read_csv(tmp_path / "o2" / "comm_savings.csv")
+    assert num(rows[0]["target"]) == pytest.approx(0.6)
+    assert num(rows[0]["comm_saving"]) == pytest.approx(6000 / 600)
+
+
+def test_seed_replicas_are_grouped_and_settings_told_apart(tmp_path):
+    from plots.load import build_contexts, find_runs, load_run
+    exp = tmp_path / "runs"
+    write_run(exp, "a", "gravac", "dgc", 100.0, [10.0] * 10, [.5] * 5, 0.6, 0.3, seed=0)
+    write_run(exp, "b", "gravac", "dgc", 100.0, [10.0] * 10, [.5] * 5, 0.6, 0.3, seed=1)
+    write_run(exp, "c", "gravac", "dgc", 100.0, [10.0] * 10, [.5] * 5, 0.6, 0.3, epsilon=0.9)
+    cfg = yaml.safe_load((exp / "b" / "config.yaml").read_text())
+    cfg["method"]["policy"] = "geometric"
+    write_run(exp, "d", "gravac", "dgc", 100.0, [10.0] * 10, [.5] * 5, 0.6, 0.3)
+    (exp / "d" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (ctx,) = build_contexts([load_run(d) for d in find_runs([str(exp)])[0]])
+    labels = sorted((g.label, g.n) for g in ctx.groups)
+    assert labels == [("GraVAC ε=0.7 (dgc), policy=exponential", 2), ("GraVAC ε=0.7 (dgc), policy=geometric", 1),
+                      ("GraVAC ε=0.9 (dgc)", 1)]
+
+
+def test_perplexity_and_two_contexts(tmp_path):
+    """Lower-is-better metric; two models -> two contexts, files suffixed, one table row each."""
+    exp = tmp_path / "runs"
+    write_run(exp, "dense", "dense", "none", 100.0, [1000.0] * 10, [.2, .4, .6, .8, .85], 1.0, 0.5)
+    write_run(exp, "gravac", "gravac", "dgc", 100.0, [100.0] * 10, [.2, .5, .6, .7, .8], 0.6, 0.3, extra=gravac_extra)
+    lstm = dict(model="lstm_mini", metric="perplexity", target=22.0)
+    write_run(exp, "lstm-dense", "dense", "none", 100.0, [1000.0] * 10, [100, 50, 30, 21, 20], 1.0, 0.5, **lstm)
+    write_run(exp, "lstm-gravac", "gravac", "dgc", 100.0, [10.0] * 10, [100, 40, 22, 21, 20], 0.5, 0.5,
+              extra=gravac_extra, **lstm)
+    out = tmp_path / "out"
+    assert main([str(exp), "--out", str(out), "--formats", "png", "--debug"]) == 0
+    rows = {r["context"].split(" /")[0]: r for r in read_csv(out / "comm_savings.csv")}
+    assert num(rows["lstm_mini"]["baseline_floats"]) == 8000 and num(rows["lstm_mini"]["gravac_floats"]) == 60
+    assert num(rows["lstm_mini"]["comm_saving"]) == pytest.approx(8000 / 60)
+    assert num(rows["lstm_mini"]["model_speedup"]) == pytest.approx(8.0 / 3.0)
+    assert num(rows["resnet_mini"]["comm_saving"]) == pytest.approx(6000 / 600)
+    static = {(r["context"].split(" /")[0], r["setting"]): r for r in read_csv(out / "static_compression.csv")}
+    assert num(static[("lstm_mini", "Dense")]["delta_to_target"]) == pytest.approx(-2.0)
+    assert (out / "time_to_accuracy_model__lstm_mini-synthetic-4w-10gbps.png").exists()
+    assert (out / "floats_cumulative__resnet_mini-synthetic-4w-10gbps.png").exists()
+
+
+def test_summary_cross_check(tmp_path):
+    from plots.load import load_run
+    d = write_run(tmp_path, "dense", "dense", "none", 100.0, [1000.0] * 10, [.2, .4, .6, .8, .85], 1.0, 0.5)
+    assert load_run(str(d)).notes == [] and load_run(str(d)).problems == []
+    s = json.loads((d / "summary.json").read_text())
+    s["floats_sent"] = 1.0
+    s["target_reached"]["step"] = 4
+    (d / "summary.json").write_text(json.dumps(s))
+    notes = " ".join(load_run(str(d)).notes)
+    assert "floats_sent=1" in notes and "10000" in notes and "step 4" in notes
+
+
+def test_no_runs_is_one_line_and_nonzero(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code = main([str(tmp_path / "empty"), "--out", str(tmp_path / "out")])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no runs found" in err
+
+
+def test_script_runs_from_the_command_line(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "plots" / "paper.py"), str(tmp_path / "nothing-here"),
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
