@@ -13,7 +13,7 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from gravac.config import ConfigError, build_config, check_overrides, register_base  # noqa: E402
-from gravac.errors import UserError  # noqa: E402
+from gravac.errors import Interrupted, UserError  # noqa: E402
 
 CONF_DIR = os.path.join(ROOT, "conf")
 
@@ -21,15 +21,19 @@ CONF_DIR = os.path.join(ROOT, "conf")
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
     """Build the typed config and run it; user errors end in one line and a non-zero exit."""
+    from hydra.core.hydra_config import HydraConfig
     try:
         run_cfg = build_config(cfg)
         from gravac.launch import launch
-        launch(run_cfg)
+        launch(run_cfg, overrides=list(HydraConfig.get().overrides.task))
+    except Interrupted as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(130)
     except (ConfigError, UserError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        print("error: interrupted before the first step; nothing to resume", file=sys.stderr)
         sys.exit(130)
 
 

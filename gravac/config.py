@@ -26,6 +26,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "compressor.granularity": ("layer", "flat"),
     "method.name": ("dense", "static", "accordion", "gravac"),
     "method.policy": ("exponential", "geometric"),
+    "method.tcomp": ("mean", "last"),
+    "method.grow_if": ("always", "accepted"),
+    "method.accumulate": ("local", "averaged"),
     "cluster.backend": ("sim", "ddp"),
     "cluster.dist_backend": ("auto", "gloo", "nccl"),
     "cluster.device": ("cpu", "cuda"),
@@ -38,6 +41,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # (key, predicate, description of the valid range)
 RANGES: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("model.width", lambda v: v >= 1, ">= 1"),
+    ("model.blocks", lambda v: v >= 1, ">= 1"),
     ("model.embed_size", lambda v: v >= 1, ">= 1"),
     ("model.hidden_size", lambda v: v >= 1, ">= 1"),
     ("model.num_layers", lambda v: v >= 1, ">= 1"),
@@ -82,6 +86,7 @@ RANGES: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("train.eval_batch_size", lambda v: v >= 1, ">= 1"),
     ("train.target", lambda v: v >= 0, ">= 0"),
     ("train.grad_clip", lambda v: v >= 0, ">= 0"),
+    ("train.checkpoint_every", lambda v: v >= 0, ">= 0 (0 = only when stopped)"),
     ("train.milestones", lambda v: all(isinstance(m, int) and m >= 1 for m in v), "a list of step numbers >= 1"),
 ]
 

@@ -11,3 +11,7 @@ class DivergedError(UserError):
 
 class WorkerFailed(UserError):
     """A distributed worker died or raised; the message names the rank."""
+
+
+class Interrupted(UserError):
+    """The run was stopped by SIGINT/SIGTERM at a step boundary and checkpointed."""

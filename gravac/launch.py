@@ -12,9 +12,10 @@ import traceback
 from datetime import timedelta
 
 import torch
+import yaml
 
 from gravac.comm import DistGroup, SimGroup
-from gravac.errors import UserError, WorkerFailed
+from gravac.errors import Interrupted, UserError, WorkerFailed
 from gravac.netmodel import NetworkModel
 from gravac.results import NullWriter, RunWriter, atomic_write, make_run_dir
 from gravac.schema import RunConfig
@@ -39,11 +40,51 @@ def _device(cfg: RunConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _run(cfg: RunConfig, group, device, run_dir: str | None) -> dict:
+# keys a resumed run may change: bookkeeping, not what is being measured
+RESUMABLE = ("experiment.resume", "experiment.run_id", "experiment.results_root", "logger.", "train.steps",
+             "train.epochs", "cluster.timeout_s", "cluster.threads")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_resume(cfg: RunConfig) -> str:
+    """The folder to resume into, after checking it holds a checkpoint of the same config."""
+    run_dir = cfg.experiment.resume
+    saved_path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(saved_path):
+        raise UserError(f"experiment.resume={run_dir}: no run folder there (config.yaml missing)")
+    if not os.path.isfile(os.path.join(run_dir, "checkpoint", "latest")):
+        raise UserError(f"experiment.resume={run_dir}: the run has no checkpoint; set train.checkpoint_every=N "
+                        "to checkpoint periodically (a run stopped by Ctrl-C checkpoints itself)")
+    with open(saved_path) as f:
+        saved = _flatten(yaml.safe_load(f))
+    now = _flatten(dataclasses.asdict(cfg))
+    diffs = [k for k in sorted(set(saved) | set(now))
+             if saved.get(k) != now.get(k) and not k.startswith(RESUMABLE)]
+    if diffs:
+        shown = "; ".join(f"{k}: run has {saved.get(k)!r}, this command {now.get(k)!r}" for k in diffs[:4])
+        raise UserError(f"refusing to resume {run_dir}: its config differs ({shown}); rerun the original command "
+                        f"(see {os.path.join(run_dir, 'command.txt')}) with experiment.resume=")
+    return run_dir
+
+
+def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") -> dict:
     """Train with this process's workers; only the main process writes and prints."""
+    from gravac.checkpoint import Checkpointer
     from gravac.train import train
     config = dataclasses.asdict(cfg)
     writer = RunWriter(run_dir, config) if group.is_main else NullWriter()
+    if group.is_main and not cfg.experiment.resume:
+        atomic_write(os.path.join(run_dir, "command.txt"), command + "\n")
+    resume_cmd = f"{command} experiment.resume={run_dir}"
 
     def tracker_factory(total, dir_):
         return Tracker(cfg.logger, total, config, dir_, enabled=group.is_main)
@@ -52,7 +93,8 @@ def _run(cfg: RunConfig, group, device, run_dir: str | None) -> dict:
     if group.is_main:
         say(f"results: {run_dir}")
     try:
-        summary = train(cfg, group, device, writer, tracker_factory, say=say)
+        summary = train(cfg, group, device, writer, tracker_factory, say=say,
+                        ckpt=Checkpointer(run_dir, group), resume_cmd=resume_cmd)
     finally:
         writer.close()
     if group.is_main:
@@ -69,16 +111,26 @@ def _report(s: dict, run_dir: str) -> None:
     print(f"results: {run_dir}")
 
 
-def launch(cfg: RunConfig) -> dict | None:
-    """Run `cfg` on its backend; returns the summary in the process that wrote it."""
+def _new_run_dir(cfg: RunConfig) -> str:
+    if cfg.experiment.resume:
+        return check_resume(cfg)
+    return make_run_dir(cfg.experiment.results_root, cfg.experiment.name, cfg.experiment.run_id, _tag(cfg))
+
+
+def launch(cfg: RunConfig, overrides: list[str] | None = None) -> dict | None:
+    """Run `cfg` on its backend; returns the summary in the process that wrote it.
+
+    `overrides` are the command-line overrides that produced `cfg`; they make up the resume
+    command a stopped run prints.
+    """
+    command = " ".join(["python bench/run.py", *[o for o in overrides or [] if not o.startswith("experiment.resume=")]])
     net = NetworkModel.from_cfg(cfg.network)
     if cfg.cluster.backend == "sim":
         torch.set_num_threads(cfg.cluster.threads or os.cpu_count() or 1)
-        run_dir = make_run_dir(cfg.experiment.results_root, cfg.experiment.name, cfg.experiment.run_id, _tag(cfg))
-        return _run(cfg, SimGroup(cfg.cluster.workers, net), _device(cfg, 0), run_dir)
+        return _run(cfg, SimGroup(cfg.cluster.workers, net), _device(cfg, 0), _new_run_dir(cfg), command)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
-        return _torchrun_worker(cfg)
-    return _spawn(cfg)
+        return _torchrun_worker(cfg, command)
+    return _spawn(cfg, command)
 
 
 def _init_dist(cfg: RunConfig, init_method: str | None, rank: int | None, world: int | None) -> None:
@@ -92,7 +144,7 @@ def _init_dist(cfg: RunConfig, init_method: str | None, rank: int | None, world:
     dist.init_process_group(backend, **kwargs)
 
 
-def _torchrun_worker(cfg: RunConfig) -> dict | None:
+def _torchrun_worker(cfg: RunConfig, command: str) -> dict | None:
     """This process is one rank of a torchrun job: rank 0 names the folder and tells the others."""
     import torch.distributed as dist
     _init_dist(cfg, None, None, None)
@@ -101,18 +153,18 @@ def _torchrun_worker(cfg: RunConfig) -> dict | None:
     cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, workers=world))
     run_dir = None
     if dist.get_rank() == 0:
-        run_dir = make_run_dir(cfg.experiment.results_root, cfg.experiment.name, cfg.experiment.run_id, _tag(cfg))
+        run_dir = _new_run_dir(cfg)
     box = [run_dir]
     dist.broadcast_object_list(box, src=0)
     device = _device(cfg, int(os.environ.get("LOCAL_RANK", 0)))
     group = DistGroup(NetworkModel.from_cfg(cfg.network), device)
     try:
-        return _run(cfg, group, device, box[0])
+        return _run(cfg, group, device, box[0], command)
     finally:
         dist.destroy_process_group()
 
 
-def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str) -> None:
+def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, command: str) -> None:
     """Entry point of a spawned worker process (must live in an importable module)."""
     import torch.distributed as dist
     world = cfg.cluster.workers
@@ -120,8 +172,12 @@ def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str) -> No
     try:
         _init_dist(cfg, init_method, rank, world)
         device = _device(cfg, rank)
-        _run(cfg, DistGroup(NetworkModel.from_cfg(cfg.network), device), device, run_dir)
+        _run(cfg, DistGroup(NetworkModel.from_cfg(cfg.network), device), device, run_dir, command)
         dist.destroy_process_group()
+    except Interrupted as e:
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(130)
     except UserError as e:
         print(f"error: worker rank {rank}: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -134,24 +190,35 @@ def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str) -> No
         sys.exit(1)
 
 
-def _spawn(cfg: RunConfig) -> None:
+def _spawn(cfg: RunConfig, command: str) -> None:
     """Start `cluster.workers` processes rendezvousing through a file (no port to collide on)."""
     import torch.multiprocessing as mp
-    run_dir = make_run_dir(cfg.experiment.results_root, cfg.experiment.name, cfg.experiment.run_id, _tag(cfg))
+    run_dir = _new_run_dir(cfg)
     with tempfile.TemporaryDirectory(prefix="gravac-rdzv-") as tmp:
         init = f"file://{os.path.join(tmp, 'store')}"
-        ctx = mp.start_processes(worker_main, args=(cfg, init, run_dir), nprocs=cfg.cluster.workers,
+        ctx = mp.start_processes(worker_main, args=(cfg, init, run_dir, command), nprocs=cfg.cluster.workers,
                                  join=False, start_method="spawn")
         try:
-            while not ctx.join():
-                pass
+            _join(ctx)
         except mp.ProcessExitedException as e:
+            if e.exit_code == 130:
+                raise Interrupted(f"interrupted; resume with: {command} experiment.resume={run_dir}") from None
             _mark_failed(run_dir, f"worker rank {e.error_index} exited with code {e.exit_code}")
             raise WorkerFailed(f"worker rank {e.error_index} failed (exit code {e.exit_code}); "
                                f"its message is above; results so far are in {run_dir}") from None
         except mp.ProcessRaisedException as e:  # pragma: no cover - workers catch their exceptions
             _mark_failed(run_dir, f"worker rank {e.error_index} raised")
             raise WorkerFailed(f"worker rank {e.error_index} raised: {str(e).strip().splitlines()[-1]}") from None
+
+
+def _join(ctx) -> None:
+    """Wait for the workers; on Ctrl-C keep waiting while they checkpoint at the step boundary."""
+    while True:
+        try:
+            if ctx.join():
+                return
+        except KeyboardInterrupt:
+            continue  # the workers got the signal too and stop together; their exit code tells
 
 
 def _mark_failed(run_dir: str, reason: str) -> None:

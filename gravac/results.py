@@ -58,7 +58,8 @@ class RunWriter:
 
     def __init__(self, run_dir: str, config: dict):
         self.dir = run_dir
-        atomic_write(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(config, sort_keys=False))
+        if not os.path.exists(os.path.join(run_dir, "config.yaml")):  # a resumed run keeps its own
+            atomic_write(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(config, sort_keys=False))
         self._steps = open(os.path.join(run_dir, "steps.jsonl"), "a", buffering=1)
         self._evals = open(os.path.join(run_dir, "evals.jsonl"), "a", buffering=1)
 
@@ -68,6 +69,23 @@ class RunWriter:
     def eval(self, record: dict) -> None:
         self._evals.write(json.dumps(_clean(record)) + "\n")
         self._evals.flush()
+
+    def truncate(self, step: int) -> None:
+        """Drop records a resumed run will write again: steps >= `step`, evals after `step`."""
+        self.close()
+        for name, keep in (("steps.jsonl", lambda r: r["step"] < step), ("evals.jsonl", lambda r: r["step"] <= step)):
+            path = os.path.join(self.dir, name)
+            kept = [r for r in read_jsonl(path) if keep(r)] if os.path.exists(path) else []
+            atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
+        self._steps = open(os.path.join(self.dir, "steps.jsonl"), "a", buffering=1)
+        self._evals = open(os.path.join(self.dir, "evals.jsonl"), "a", buffering=1)
+
+    def save_model(self, state: dict) -> None:
+        """Final weights as model.pt (written to a temp file, then renamed)."""
+        import torch
+        tmp = os.path.join(self.dir, f".model.pt.tmp.{os.getpid()}")
+        torch.save(state, tmp)
+        os.replace(tmp, os.path.join(self.dir, "model.pt"))
 
     def summary(self, summary: dict) -> None:
         atomic_write(os.path.join(self.dir, "summary.json"), json.dumps(_clean(summary), indent=2) + "\n")
@@ -82,6 +100,8 @@ class NullWriter:
     dir = None
 
     def step(self, record: dict) -> None: ...
+    def truncate(self, step: int) -> None: ...
+    def save_model(self, state: dict) -> None: ...
     def eval(self, record: dict) -> None: ...
     def summary(self, summary: dict) -> None: ...
     def close(self) -> None: ...

@@ -33,6 +33,7 @@ class ModelCfg:
     """Which network to build; paper presets also set dataset/train values in their YAML."""
     name: str = "resnet_mini"           # resnet101 | vgg16 | lstm | resnet_mini | vgg_mini | lstm_mini
     width: int = 16                     # base channel width of the mini CNNs
+    blocks: int = 3                     # resnet_mini residual blocks per stage (3 = ResNet-20, 1 = ResNet-8)
     # LSTM language model
     embed_size: int = 1500
     hidden_size: int = 1500
@@ -71,11 +72,16 @@ class MethodCfg:
     omega: float = 0.01
     policy: str = "exponential"         # exponential (cs squares) | geometric (cs doubles)
     ewma: float = -1.0                  # smoothing factor of the gains; < 0 -> N/100 (the paper's talk)
+    reset_step: bool = False            # restart cs at `step` after cf_min is raised
+    tcomp: str = "mean"                 # T_compression entry: mean since the last window | last sample
+    grow_if: str = "always"             # grow cs every window (paper) | only while the candidate is accepted
     # accordion
     cf_low: float = 1.5
     cf_high: float = 1000.0
     switch_freq: int = 10               # epochs between regime checks (10 CNNs, 5 LSTMs)
     eta: float = 0.5
+    accumulate: str = "local"           # gradient whose epoch norm is compared: local (rank 0's, as the
+                                        # public code) | averaged (after communication)
 
 
 @dataclass
@@ -120,6 +126,7 @@ class TrainCfg:
     target: float = 0.0                 # 0 -> no target; top-k as a fraction (0.8 = 80%)
     grad_clip: float = 0.0              # max grad norm (LSTM); 0 -> off
     seed: int = 0
+    checkpoint_every: int = 0           # steps between checkpoints; 0 -> only when stopped by a signal
 
 
 @dataclass
@@ -138,6 +145,7 @@ class ExperimentCfg:
     name: str = "default"
     results_root: str = "results/runs"
     run_id: str = ""                    # "" -> generated (time, method, compressor, pid, random)
+    resume: str = ""                    # a run folder to continue from its latest checkpoint
     tags: list = field(default_factory=list)
 
 

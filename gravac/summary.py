@@ -26,12 +26,30 @@ class Summary:
         self.model_s = 0.0
         self.wall_step_s = 0.0
         self.t0 = time.perf_counter()
+        self.elapsed_before = 0.0          # wall seconds of earlier segments of a resumed run
         self.final = self.best = None
         self.target_hit: dict | None = None
         self.error: str | None = None
         self.cf_hist: dict[str, int] = {}
 
-    def add_step(self, rec: dict, cluster_s: float) -> None:
+    def wall_s(self) -> float:
+        """Wall seconds of the run so far, across resumed segments."""
+        return self.elapsed_before + time.perf_counter() - self.t0
+
+    def state_dict(self) -> dict:
+        """Counters to carry over a checkpoint (configuration and clocks are rebuilt)."""
+        skip = {"cfg", "net", "t0", "elapsed_before"}
+        state = {k: v for k, v in vars(self).items() if k not in skip}
+        state["elapsed_s"] = self.wall_s()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        self.elapsed_before = state.pop("elapsed_s")
+        vars(self).update(state)
+        self.t0 = time.perf_counter()
+
+    def add_step(self, rec: dict) -> None:
         self.steps = rec["step"] + 1
         self.floats += rec["floats_sent"]
         self.wire += rec["wire_bytes"]
@@ -51,7 +69,7 @@ class Summary:
             self.best = v
         if self.target_hit is None and self.reached(v):
             self.target_hit = {"step": ev["step"], "floats_sent": self.floats, "wire_bytes": self.wire,
-                               "wall_s": time.perf_counter() - self.t0, "step_wall_s": self.wall_step_s,
+                               "wall_s": self.wall_s(), "step_wall_s": self.wall_step_s,
                                "model_s": self.model_s}
 
     def last_metric_str(self) -> str:
@@ -70,7 +88,7 @@ class Summary:
             "metric": self.metric, "final_metric": self.final, "best_metric": self.best,
             "target": c.train.target or None,
             "floats_sent": self.floats, "wire_bytes": self.wire,
-            "wall_s": time.perf_counter() - self.t0, "step_wall_s": self.wall_step_s, "model_s": self.model_s,
+            "wall_s": self.wall_s(), "step_wall_s": self.wall_step_s, "model_s": self.model_s,
             "time_source": "modelled" if c.network.enabled and c.network.time_source != "wall" else "wall",
             "network": self.net.describe(),
             "cf_histogram": self.cf_hist,

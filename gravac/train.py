@@ -8,17 +8,15 @@ the same weights; a torch.distributed process runs one. Rank 0 alone writes resu
 from __future__ import annotations
 
 import math
-import time
-
 import torch
 
+from gravac.checkpoint import Checkpointer, StopFlag
 from gravac.comm import Group
 from gravac.data import load_dataset
-from gravac.errors import DivergedError
+from gravac.errors import DivergedError, Interrupted
 from gravac.evaluate import Evaluator
 from gravac.methods import StepContext, build_method, method_state_bytes
 from gravac.models import build_model, count_parameters
-from gravac.netmodel import NetworkModel
 from gravac.schema import RunConfig
 from gravac.summary import Summary
 from gravac.workers import Workers
@@ -29,8 +27,9 @@ def lr_at(cfg: RunConfig, step: int) -> float:
     return cfg.train.lr * cfg.train.gamma ** sum(step >= m for m in cfg.train.milestones)
 
 
-def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_factory, say=print) -> dict:
-    """Train to the configured length and return the summary (also written by rank 0)."""
+def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_factory, say=print,
+          ckpt: Checkpointer | None = None, resume_cmd: str = "") -> dict:
+    """Train to the configured length (continuing from the latest checkpoint when resuming)."""
     torch.manual_seed(cfg.train.seed)
     dataset = load_dataset(cfg.dataset)
     model = build_model(cfg.model, dataset.num_classes, dataset.task).to(device)
@@ -48,56 +47,90 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
     spe = workers.steps_per_epoch
     total = math.ceil(cfg.train.epochs * spe) if cfg.train.epochs > 0 else cfg.train.steps
     net = group.net
-    if cfg.network.enabled and cfg.network.comm_ratio > 0:
-        compute = workers.calibrate(cfg.network.calibrate_steps)
-        net.calibrate(4 * workers.numel, group.world, compute, cfg.network.comm_ratio)
-        say(f"network calibrated: dense all-reduce = {cfg.network.comm_ratio} x compute "
-            f"({compute * 1e3:.1f} ms) -> {net.beta_Bps * 8 / 1e9:.4g} Gbit/s")
-    use_model_time = cfg.network.enabled and cfg.network.time_source != "wall"
-
     evaluator = Evaluator(cfg, dataset, model, group, device)
     summary = Summary(cfg, dataset, count_parameters(model), total, net, evaluator.metric)
     summary.steps_per_epoch = spe
+
+    start = ckpt.latest_step() if ckpt and cfg.experiment.resume else None
+    if start is not None:  # every piece of state, so the continuation equals an uninterrupted run
+        state = ckpt.load(start)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        method.load_state_dict(state["method"])
+        workers.load_state_dict(state["workers"])
+        summary.load_state_dict(state["summary"])
+        net.beta_Bps = state["net_beta"]
+        torch.set_rng_state(state["rng"])
+        writer.truncate(start)
+        say(f"resumed at step {start} from {cfg.experiment.resume}")
+    else:
+        start = 0
+        if cfg.network.enabled and cfg.network.comm_ratio > 0:
+            compute = workers.calibrate(cfg.network.calibrate_steps)
+            net.calibrate(4 * workers.numel, group.world, compute, cfg.network.comm_ratio)
+            say(f"network calibrated: dense all-reduce = {cfg.network.comm_ratio} x compute "
+                f"({compute * 1e3:.1f} ms) -> {net.beta_Bps * 8 / 1e9:.4g} Gbit/s")
+
+    def save(step: int) -> None:
+        if ckpt is None:
+            return
+        ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict(), "method": method.state_dict(),
+                         "workers": workers.state_dict(), "summary": summary.state_dict(),
+                         "net_beta": net.beta_Bps, "rng": torch.get_rng_state()})
+
     tracker = tracker_factory(total, writer.dir)
+    tracker.start_at(start)
     writer.summary(summary.as_dict("running"))
     status = "failed"
+    step = start
     try:
-        for step in range(total):
-            lr = lr_at(cfg, step)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            grads, compute_s, loss = workers.compute(step)
-            if not math.isfinite(loss):
-                raise DivergedError(f"step {step}: loss is {loss} (method={cfg.method.name}); "
-                                    "lower train.lr or enable train.grad_clip")
-            ctx = StepContext(step=step, epoch=step / spe, lr=lr,
-                              lr_decayed=step > 0 and lr < lr_at(cfg, step - 1), compute_s=compute_s,
-                              samples=group.world * cfg.train.batch_size)
-            res = method.step(grads, ctx)
-            workers.apply(res.grad, step, cfg.method.name)
-            opt.step()
-            comm_wall = res.comm.measured_s
-            step_model = compute_s + res.compress_s + res.comm.modelled_s
-            step_wall = compute_s + res.compress_s + comm_wall
-            record = {"step": step, "epoch": round(step / spe, 6), "loss": loss, "lr": lr, "cf": res.cf,
-                      "floats_sent": res.floats_sent, "wire_bytes": res.comm.wire_bytes,
-                      "compute_s": compute_s, "compress_s": res.compress_s, "comm_s": comm_wall,
-                      "comm_model_s": res.comm.modelled_s, "step_model_s": step_model,
-                      "step_wall_s": step_wall, **res.extra}
-            summary.add_step(record, step_model if use_model_time else step_wall)
-            writer.step(record)
-            if (step + 1) % cfg.train.eval_every == 0 or step + 1 == total:
-                ev = evaluator.run(step + 1, summary)
-                summary.add_eval(ev)
-                writer.eval(ev)
-                tracker.eval(ev)
-                writer.summary(summary.as_dict("running"))
-            tracker.step(record, {"loss": f"{loss:.3f}", evaluator.metric: summary.last_metric_str(),
-                                  "cf": f"{res.cf:.4g}"})
+        with StopFlag() as stop:
+            for step in range(start, total):
+                lr = lr_at(cfg, step)
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                grads, compute_s, loss, stop_now = workers.compute(step, stop.requested)
+                if stop_now:  # every worker saw the request at this same step boundary
+                    save(step)
+                    raise Interrupted(f"interrupted at step {step}; checkpoint saved. Resume with:\n  {resume_cmd}")
+                if not math.isfinite(loss):
+                    raise DivergedError(f"step {step}: loss is {loss} (method={cfg.method.name}); "
+                                        "lower train.lr or enable train.grad_clip")
+                ctx = StepContext(step=step, epoch=step / spe, lr=lr,
+                                  lr_decayed=step > 0 and lr < lr_at(cfg, step - 1), compute_s=compute_s,
+                                  samples=group.world * cfg.train.batch_size)
+                res = method.step(grads, ctx)
+                workers.apply(res.grad, step, cfg.method.name)
+                opt.step()
+                step_model = compute_s + res.compress_s + res.comm.modelled_s
+                step_wall = compute_s + res.compress_s + res.comm.measured_s
+                record = {"step": step, "epoch": round(step / spe, 6), "loss": loss, "lr": lr, "cf": res.cf,
+                          "floats_sent": res.floats_sent, "wire_bytes": res.comm.wire_bytes,
+                          "compute_s": compute_s, "compress_s": res.compress_s, "comm_s": res.comm.measured_s,
+                          "comm_model_s": res.comm.modelled_s, "step_model_s": step_model,
+                          "step_wall_s": step_wall, "time_s": summary.wall_s(), **res.extra}
+                summary.add_step(record)
+                writer.step(record)
+                if (step + 1) % cfg.train.eval_every == 0 or step + 1 == total:
+                    ev = evaluator.run(step + 1, summary)
+                    summary.add_eval(ev)
+                    writer.eval(ev)
+                    tracker.eval(ev)
+                    writer.summary(summary.as_dict("running"))
+                tracker.step(record, {"loss": f"{loss:.3f}", evaluator.metric: summary.last_metric_str(),
+                                      "cf": f"{res.cf:.4g}"})
+                every = cfg.train.checkpoint_every
+                if every and ((step + 1) % every == 0 or step + 1 == total):  # the last lets a run be extended
+                    save(step + 1)
         status = "completed"
+        writer.save_model(model.state_dict())
     except DivergedError as e:
         status = "diverged"
         summary.error = str(e)
+        raise
+    except Interrupted as e:
+        status = "interrupted"
+        summary.error = str(e).splitlines()[0]
         raise
     except KeyboardInterrupt:
         status = "interrupted"

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from gravac.comm import Group
 from gravac.errors import DivergedError, UserError
+from gravac.faults import maybe_fail
 from gravac.schema import RunConfig
 
 
@@ -68,8 +69,9 @@ class Workers:
         logits, self.hidden[w] = self.model(x, self.hidden[w])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
-    def compute(self, step: int) -> tuple[list[torch.Tensor], float, float]:
-        """Every local worker's flat gradient; the cluster's compute time (slowest) and mean loss."""
+    def compute(self, step: int, stop: bool = False) -> tuple[list[torch.Tensor], float, float, bool]:
+        """Every local worker's flat gradient, the cluster's compute time (slowest), mean loss,
+        and whether any worker was asked to stop (so all stop at the same step)."""
         self.model.train()
         rows, saved = [], None
         for w, loader in enumerate(self.loaders):
@@ -80,17 +82,20 @@ class Workers:
             buf.zero_()
             self._point_grads(buf)
             loss = self._loss(w, x, y)
+            if maybe_fail(self.group.local_ranks[w], step):
+                loss = loss * float("nan")
             loss.backward()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            rows.append([time.perf_counter() - t0, float(loss.detach())])
+            rows.append([time.perf_counter() - t0, float(loss.detach()), float(stop)])
             if w == 0 and len(self.loaders) > 1:
                 saved = [b.detach().clone() for b in self.model.buffers()]
         if saved is not None:  # BatchNorm statistics follow worker 0, as DDP's broadcast_buffers
             for b, s in zip(self.model.buffers(), saved):
                 b.copy_(s)
         rows = self.group.bookkeeping(rows)
-        return self.buffers, max(r[0] for r in rows), sum(r[1] for r in rows) / len(rows)
+        return (self.buffers, max(r[0] for r in rows), sum(r[1] for r in rows) / len(rows),
+                any(r[2] for r in rows))
 
     def apply(self, avg: torch.Tensor, step: int, method: str) -> None:
         """Clip and check the averaged gradient, then hand it to the optimizer via .grad."""
@@ -135,8 +140,10 @@ class Workers:
 
     # --- checkpoint support --------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"loaders": [ld.state_dict() for ld in self.loaders]}
+        """Data positions and the LM's carried hidden states, per local worker."""
+        return {"loaders": [ld.state_dict() for ld in self.loaders], "hidden": self.hidden}
 
     def load_state_dict(self, state: dict) -> None:
         for ld, s in zip(self.loaders, state["loaders"]):
             ld.load_state_dict(s)
+        self.hidden = [None if h is None else tuple(t.to(self.device) for t in h) for h in state["hidden"]]

@@ -1,0 +1,115 @@
+"""Overhead of our training loop, measured side by side in one run.
+
+1. ddp: our dense loop (bench/run.py cluster=ddp, 2 processes) against a minimal hand-written
+   loop using torch's DistributedDataParallel with the same model, data, batch and backend.
+2. sim: our simulated cluster with N virtual workers against N x the step of one worker.
+
+Step time = median of the wall-clock differences between consecutive steps (evaluation steps
+excluded), after a warm-up. Prints the ratios; the goals are ddp <= 1.05 and sim <= 1.10.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _common(args) -> list[str]:
+    return [f"model={args.model}", f"train.batch_size={args.batch}", "dataset=synthetic",
+            f"dataset.image_size={args.image_size}", "train.eval_every=100000", "logger.progress=false"]
+
+
+def _our_step_time(args, extra: list[str], steps: int) -> float:
+    """Median step time of a real run of bench/run.py."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, str(ROOT / "bench" / "run.py"), *_common(args), f"train.steps={steps}",
+               f"experiment.results_root={tmp}", *extra]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        (steps_file,) = Path(tmp).glob("*/*/steps.jsonl")
+        t = [json.loads(line)["time_s"] for line in steps_file.read_text().splitlines()]
+    diffs = [b - a for a, b in zip(t, t[1:])][args.warmup:]
+    return statistics.median(diffs)
+
+
+def _ddp_worker(rank: int, world: int, init: str, args, out: str) -> None:
+    """A minimal DDP loop: the reference our ddp backend is compared with."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from gravac.config import build_config
+    from gravac.config import base_node
+    from gravac.data import load_dataset
+    from gravac.models import build_model
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    node = base_node()
+    node["dataset"].update(name="synthetic", image_size=args.image_size, root="./data")
+    node["model"].update(name=args.model)
+    cfg = build_config(node)
+    torch.manual_seed(0)
+    ds = load_dataset(cfg.dataset)
+    model = build_model(cfg.model, ds.num_classes, ds.task)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    loader = ds.train_loader(rank, world, args.batch, 0)
+    times = []
+    for _ in range(args.steps):
+        x, y = loader.next_batch()
+        opt.zero_grad(set_to_none=False)
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter())
+    if rank == 0:
+        Path(out).write_text(json.dumps(times))
+    dist.destroy_process_group()
+
+
+def _ddp_step_time(args) -> float:
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "times.json")
+        mp.start_processes(_ddp_worker, args=(2, f"file://{tmp}/store", args, out), nprocs=2, start_method="spawn")
+        t = json.loads(Path(out).read_text())
+    diffs = [b - a for a, b in zip(t, t[1:])][args.warmup:]
+    return statistics.median(diffs)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="resnet_mini")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--sim-workers", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=2, help="alternate the two loops this many times")
+    args = p.parse_args(argv)
+
+    ours, ref = [], []
+    for _ in range(args.rounds):  # alternate, so machine noise hits both sides alike
+        ref.append(_ddp_step_time(args))
+        ours.append(_our_step_time(args, ["cluster=ddp", "cluster.workers=2"], args.steps))
+    o, r = min(ours), min(ref)
+    print(f"ddp, 2 processes, {args.model}, batch {args.batch}: ours {o * 1e3:.1f} ms/step, "
+          f"torch DDP {r * 1e3:.1f} ms/step, ratio {o / r:.3f} (goal <= 1.05)")
+
+    n = args.sim_workers
+    one = min(_our_step_time(args, ["cluster=sim", "cluster.workers=1"], args.steps) for _ in range(args.rounds))
+    many = min(_our_step_time(args, ["cluster=sim", f"cluster.workers={n}"], args.steps) for _ in range(args.rounds))
+    print(f"sim: 1 worker {one * 1e3:.1f} ms/step, {n} workers {many * 1e3:.1f} ms/step, "
+          f"ratio to {n} x one {many / (n * one):.3f} (goal <= 1.10)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

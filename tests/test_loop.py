@@ -1,0 +1,105 @@
+"""The training loop end to end: result files, sim vs ddp agreement, time model, failures."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from gravac.netmodel import NetworkModel
+
+SMALL = ["dataset.image_size=8", "dataset.train_size=512", "dataset.test_size=128", "model.width=4",
+         "train.batch_size=8", "train.eval_every=5", "logger.progress=false"]
+
+
+def _run(tmp_path: Path, args: list[str], env: dict | None = None, timeout=300):
+    r = run_cli([*SMALL, f"experiment.results_root={tmp_path}", *args], timeout=timeout, env=env)
+    runs = sorted(p for p in tmp_path.glob("*/*") if p.is_dir())
+    return r, runs
+
+
+def _steps(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("b,n,bw,lat,ar,ag", [
+    (4e6, 2, 10, 0, 2 * 1 / 2 * 4e6 / 1.25e9, 1 * 4e6 / 1.25e9),
+    (1e6, 8, 1, 10, 2 * 7 * 1e-5 + 2 * 7 / 8 * 1e6 / 1.25e8, 7 * 1e-5 + 7 * 1e6 / 1.25e8),
+    (123, 1, 100, 5, 0.0, 0.0),
+])
+def test_network_model_costs(b, n, bw, lat, ar, ag):
+    net = NetworkModel(alpha_s=lat * 1e-6, beta_Bps=bw * 1e9 / 8)
+    assert net.allreduce(b, n) == pytest.approx(ar)
+    assert net.allgather(b, n) == pytest.approx(ag)
+
+
+def test_network_calibration_hits_ratio():
+    net = NetworkModel(alpha_s=1e-5, beta_Bps=1.0)
+    net.calibrate(dense_bytes=4e6, workers=4, compute_s=0.05, ratio=2.0)
+    assert net.allreduce(4e6, 4) == pytest.approx(0.1)
+
+
+def test_dense_run_writes_valid_results(tmp_path):
+    r, runs = _run(tmp_path, ["train.steps=10", "cluster.workers=2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = runs
+    steps = _steps(run)
+    assert [s["step"] for s in steps] == list(range(10))
+    evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [5, 10]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["floats_sent"] == 10 * summary["parameters"]
+    assert summary["wire_bytes"] == 10 * 4 * summary["parameters"]
+    assert all(s["cf"] == 1 and s["floats_sent"] == summary["parameters"] for s in steps)
+    assert summary["model_s"] == pytest.approx(sum(s["step_model_s"] for s in steps))
+    for s in steps:
+        assert s["step_model_s"] == pytest.approx(s["compute_s"] + s["compress_s"] + s["comm_model_s"])
+        assert s["comm_model_s"] > 0
+    assert summary["network"]["bandwidth_gbps"] == 10
+    assert (run / "config.yaml").exists()
+
+
+def _compare_backends(tmp_path, extra):
+    # one thread per worker on both backends, so per-worker gradients are computed identically
+    extra = ["cluster.threads=1", "train.lr=0.02", *extra]
+    sim, (sim_run,) = _run(tmp_path / "sim", ["train.steps=20", "cluster=sim", "cluster.workers=2", *extra])
+    assert sim.returncode == 0, sim.stderr[-3000:]
+    ddp, (ddp_run,) = _run(tmp_path / "ddp", ["train.steps=20", "cluster=ddp", "cluster.workers=2", *extra])
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    a, b = _steps(sim_run), _steps(ddp_run)
+    assert len(a) == len(b) == 20
+    for x, y in zip(a, b):
+        assert x["floats_sent"] == y["floats_sent"] and x["wire_bytes"] == y["wire_bytes"]
+        assert math.isclose(x["loss"], y["loss"], rel_tol=1e-4, abs_tol=1e-5), (x["step"], x["loss"], y["loss"])
+
+
+def test_sim_and_ddp_agree_dense(tmp_path):
+    _compare_backends(tmp_path, [])
+
+
+def test_sim_and_ddp_agree_static_topk(tmp_path):
+    _compare_backends(tmp_path, ["method=static", "compressor=topk", "compressor.cf=50"])
+
+
+def test_ddp_worker_that_raises_stops_the_run(tmp_path):
+    t0 = time.time()
+    r, (run,) = _run(tmp_path, ["train.steps=50", "cluster=ddp", "cluster.workers=2", "cluster.timeout_s=20"],
+                     env={"GRAVAC_FAULT": "1:3:raise"}, timeout=120)
+    assert r.returncode != 0
+    assert time.time() - t0 < 90
+    assert "worker rank 1" in r.stderr and "injected fault" in r.stderr
+    steps = _steps(run)
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+
+
+def test_nan_loss_stops_with_message(tmp_path):
+    r, (run,) = _run(tmp_path, ["train.steps=20"], env={"GRAVAC_FAULT": "0:4:nan"})
+    assert r.returncode == 2
+    assert "step 4" in r.stderr and "method=dense" in r.stderr and "Traceback" not in r.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "diverged" and "step 4" in summary["error"]

@@ -1,0 +1,116 @@
+"""Runs survive interruption: kill-and-resume equality, Ctrl-C, config mismatch, concurrent runs."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, run_cli
+
+ARGS = ["train.steps=24", "train.eval_every=8", "train.checkpoint_every=4", "logger.progress=false",
+        "dataset.image_size=8", "dataset.train_size=512", "dataset.test_size=128", "model.width=4",
+        "cluster.workers=2", "cluster.threads=1", "train.batch_size=8"]
+GRAVAC = ["method=gravac", "compressor=topk", "method.window=3", "method.cf_min=4", "method.cf_max=64",
+          "method.epsilon=0.3"]
+
+
+def _records(run: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (run / name).read_text().splitlines()]
+
+
+def _only_run(root: Path) -> Path:
+    (run,) = [p for p in root.glob("*/*") if p.is_dir()]
+    return run
+
+
+def _popen(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "bench" / "run.py"), *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_steps(root: Path, n: int, proc: subprocess.Popen, timeout: float = 240) -> Path:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        runs = [p for p in root.glob("*/*") if p.is_dir() and (p / "steps.jsonl").exists()]
+        if runs and len((runs[0] / "steps.jsonl").read_text().splitlines()) >= n:
+            return runs[0]
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    pytest.fail("run did not progress")
+
+
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
+    ref = run_cli([*ARGS, *GRAVAC, f"experiment.results_root={tmp_path / 'ref'}"])
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    ref_run = _only_run(tmp_path / "ref")
+
+    root = tmp_path / "killed"
+    proc = _popen([*ARGS, *GRAVAC, f"experiment.results_root={root}"])
+    run = _wait_for_steps(root, 14, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    for name in ("steps.jsonl", "evals.jsonl"):   # every line written before the kill is valid
+        _records(run, name)
+    json.loads((run / "summary.json").read_text())
+
+    res = run_cli([*ARGS, *GRAVAC, f"experiment.results_root={root}", f"experiment.resume={run}"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    a, b = _records(ref_run, "steps.jsonl"), _records(run, "steps.jsonl")
+    assert [r["step"] for r in b] == list(range(24))          # no duplicates, no gaps
+    keys = ("loss", "cf", "floats_sent", "wire_bytes", "level", "cf_min", "cs", "delta_min", "delta_c")
+    assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
+    sa, sb = (json.loads((r / "summary.json").read_text()) for r in (ref_run, run))
+    assert sa["floats_sent"] == sb["floats_sent"] and sb["status"] == "completed"
+    assert [e["metric"] for e in _records(ref_run, "evals.jsonl")] == [e["metric"] for e in _records(run, "evals.jsonl")]
+    wa, wb = torch.load(ref_run / "model.pt"), torch.load(run / "model.pt")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_sigint_checkpoints_and_says_how_to_resume(tmp_path):
+    proc = _popen([*ARGS, "train.steps=400", "train.checkpoint_every=0", f"experiment.results_root={tmp_path}"])
+    run = _wait_for_steps(tmp_path, 3, proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "experiment.resume=" in err and "Traceback" not in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert (run / "checkpoint" / "latest").exists()
+    steps = _records(run, "steps.jsonl")
+    assert len(steps) == summary["steps"]
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+    r = run_cli([*ARGS, "train.steps=4", f"experiment.results_root={tmp_path}"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = _only_run(tmp_path)
+    r = run_cli([*ARGS, "train.steps=8", "train.lr=0.05", f"experiment.results_root={tmp_path}",
+                 f"experiment.resume={run}"])
+    assert r.returncode == 2
+    assert "refusing to resume" in r.stderr and "train.lr" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_resume_without_checkpoint_is_explained(tmp_path):
+    r = run_cli([*ARGS, "train.steps=2", "train.checkpoint_every=0", f"experiment.results_root={tmp_path}"])
+    assert r.returncode == 0
+    r = run_cli([*ARGS, "train.steps=2", "train.checkpoint_every=0", f"experiment.resume={_only_run(tmp_path)}"])
+    assert r.returncode == 2 and "has no checkpoint" in r.stderr
+
+
+def test_two_concurrent_runs_keep_separate_valid_results(tmp_path):
+    args = [*ARGS, "train.steps=6", "cluster=ddp", f"experiment.results_root={tmp_path}"]
+    procs = [_popen(args), _popen(args)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    runs = [p for p in tmp_path.glob("*/*") if p.is_dir()]
+    assert len(runs) == 2
+    for run in runs:
+        assert len(_records(run, "steps.jsonl")) == 6
+        assert json.loads((run / "summary.json").read_text())["status"] == "completed"
