@@ -1,0 +1,254 @@
+"""Compression micro-benchmark: our compressors against torch.topk and one memory pass, side by side.
+
+For each gradient size (ResNet101 / VGG16 / LSTM parameter counts, or --numel), every case is
+timed round-robin in ONE run (so load from other processes hits all of them alike) and reported
+as a median:
+  * pass        one memory pass, ``x.abs().sum()``; compression times are also given in passes;
+  * torch.topk  ``torch.topk(x.abs(), k)`` - the baseline for exact Top-k (same index set checked);
+  * compress    each compressor at each CF;
+  * multilevel  the Table-3 analogue: direct C(g,10) + C(g,1000) against multi-level
+                C(g,10) + recompress(C(g,10), 100), and C(g,1000) alone against the recompress alone.
+Gradients are synthetic and heavy-tailed, ``randn * exp(randn)`` (a log-normal scale mixture of
+Gaussians, like real gradients whose per-coordinate scales vary over orders of magnitude); Top-k
+is also timed on plain ``randn`` ("normal"). Writes a CSV (atomically) and prints tables.
+
+    python bench/compress_bench.py [--sizes resnet101,vgg16,lstm | --numel 1000000] [--cfs 10,100,1000]
+                                   [--repeats 3] [--quick] [--out results/compress_bench.csv]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from compressors import COMPRESSORS, Compressor, build_compressor, target_k  # noqa: E402
+
+SIZES = {"resnet101": 44_549_160, "vgg16": 138_357_544, "lstm": 66_034_000}
+QUICK_NUMEL = 1_000_000
+COLUMNS = ["kind", "dist", "size", "numel", "compressor", "cf", "threads", "runs", "median_s", "pass_s", "passes",
+           "torch_topk_s", "speedup_vs_torch_topk", "same_set_as_torch", "nnz", "wire_bytes",
+           "direct_s", "multilevel_s", "multilevel_speedup", "direct_high_s", "recompress_s", "recompress_speedup"]
+
+
+class TorchTopK(Compressor):
+    """Top-k as in the reference code (GRACE): torch.topk(|x|, k). Baseline for the Table-3 rows."""
+
+    name = "topk_torch"
+
+    def _select(self, a, k, cf, seed, check):
+        t = torch.from_numpy(a) if not isinstance(a, torch.Tensor) else a
+        idx = torch.topk(t.abs(), k, sorted=False).indices
+        return idx, t[idx]
+
+
+def synthetic_gradient(n: int, dist: str, seed: int) -> torch.Tensor:
+    """Heavy-tailed (randn * exp(randn)) or normal float32 data, reproducible from the seed."""
+    torch.manual_seed(seed)
+    g = torch.randn(n)
+    if dist == "heavy":
+        g.mul_(torch.randn(n).exp_())
+    return g
+
+
+class Suite:
+    """Cases timed round-robin: each repeat runs every case once, so drift hits all alike."""
+
+    def __init__(self, repeats: int, budget_s: float) -> None:
+        self.repeats, self.budget_s = repeats, budget_s
+        self.cases: dict[str, object] = {}
+        self.times: dict[str, list[float]] = {}
+
+    def add(self, name: str, fn) -> None:
+        self.cases[name] = fn
+        self.times[name] = []
+
+    def run(self) -> None:
+        for fn in self.cases.values():  # warm-up (allocator, lazy init), not timed
+            fn()
+            break
+        for rep in range(self.repeats):
+            for name, fn in self.cases.items():
+                spent = sum(self.times[name])
+                if rep > 0 and spent > self.budget_s:  # slow baseline (torch.topk on VGG16): bounded
+                    continue
+                t0 = time.perf_counter()
+                fn()
+                self.times[name].append(time.perf_counter() - t0)
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.times[name])
+
+    def runs(self, name: str) -> int:
+        return len(self.times[name])
+
+
+def same_set(idx: torch.Tensor, ref_idx: torch.Tensor, x: torch.Tensor) -> str:
+    """'yes' if the index sets agree, 'ties' if only tied magnitudes differ, else 'NO'."""
+    if torch.equal(torch.sort(idx).values, torch.sort(ref_idx).values):
+        return "yes"
+    a, b = x[idx].abs().sort().values, x[ref_idx].abs().sort().values
+    return "ties" if torch.equal(a, b) else "NO"
+
+
+def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
+    """All rows for one gradient size."""
+    rows: list[dict] = []
+    for dist in args.dists:
+        x = synthetic_gradient(n, dist, args.seed)
+        names = args.compressors if dist == "heavy" else ["topk"]
+        comps = {name: build_compressor(name) for name in names}
+        s = Suite(args.repeats, args.budget)
+        s.add("pass", lambda: x.abs().sum())
+        for cf in args.cfs:
+            k = target_k(n, cf)
+            if "topk" in names:
+                s.add(f"torch.topk/{cf}", lambda k=k: torch.topk(x.abs(), k, sorted=False))
+            for name, c in comps.items():
+                s.add(f"{name}/{cf}", lambda c=c, cf=cf: c.compress(x, cf, seed=1))
+        if dist == "heavy":
+            lo, hi = args.multilevel
+            cs = hi / lo
+            ml = dict(comps, topk_torch=TorchTopK()) if args.reference else comps
+            for name, c in ml.items():
+                p_lo = c.compress(x, lo, seed=1)
+                s.add(f"{name}/direct", lambda c=c: (c.compress(x, lo, seed=1), c.compress(x, hi, seed=1)))
+                s.add(f"{name}/multi", lambda c=c: c.recompress(c.compress(x, lo, seed=1), cs, seed=2))
+                s.add(f"{name}/high", lambda c=c: c.compress(x, hi, seed=1))
+                s.add(f"{name}/re", lambda c=c, p=p_lo: c.recompress(p, cs, seed=2))
+        s.run()
+        pass_s = s.median("pass")
+        base = dict(dist=dist, size=size, numel=n, threads=threads)
+        for cf in args.cfs:
+            k = target_k(n, cf)
+            ref = torch.topk(x.abs(), k, sorted=False).indices if "topk" in names else None
+            for name, c in comps.items():
+                med = s.median(f"{name}/{cf}")
+                p = c.compress(x, cf, seed=1)
+                row = dict(base, kind="compress", compressor=name, cf=cf, runs=s.runs(f"{name}/{cf}"),
+                           median_s=med, pass_s=pass_s, passes=med / pass_s, nnz=p.nnz, wire_bytes=p.wire_bytes())
+                if name == "topk":
+                    tt = s.median(f"torch.topk/{cf}")
+                    row.update(torch_topk_s=tt, speedup_vs_torch_topk=tt / med,
+                               same_set_as_torch=same_set(p.indices, ref, x))
+                rows.append(row)
+        if dist == "heavy":
+            lo, hi = args.multilevel
+            for name, c in ml.items():
+                d, m = s.median(f"{name}/direct"), s.median(f"{name}/multi")
+                h, r = s.median(f"{name}/high"), s.median(f"{name}/re")
+                q = c.recompress(c.compress(x, lo, seed=1), hi / lo, seed=2)
+                rows.append(dict(base, kind="multilevel", compressor=name, cf=hi, runs=s.runs(f"{name}/multi"),
+                                 median_s=m, pass_s=pass_s, passes=m / pass_s, nnz=q.nnz, wire_bytes=q.wire_bytes(),
+                                 direct_s=d, multilevel_s=m, multilevel_speedup=d / m, direct_high_s=h,
+                                 recompress_s=r, recompress_speedup=h / r))
+        del x
+    return rows
+
+
+def fmt(v, spec: str) -> str:
+    return "" if v is None or v == "" else format(v, spec)
+
+
+def print_tables(rows: list[dict], threads: int, lo: float, hi: float) -> None:
+    print(f"\ntorch {torch.__version__}, threads={threads}; times are medians, 'passes' = time / x.abs().sum() time")
+    print(f"\n{'size':10} {'dist':6} {'compressor':10} {'CF':>6} {'time ms':>9} {'passes':>7} {'nnz':>10} "
+          f"{'torch.topk ms':>14} {'speedup':>8} {'same set':>8}")
+    for r in rows:
+        if r["kind"] != "compress":
+            continue
+        print(f"{r['size']:10} {r['dist']:6} {r['compressor']:10} {r['cf']:>6g} {r['median_s'] * 1e3:9.1f} "
+              f"{r['passes']:7.2f} {r['nnz']:10d} {fmt(r.get('torch_topk_s') and r['torch_topk_s'] * 1e3, '14.1f'):>14} "
+              f"{fmt(r.get('speedup_vs_torch_topk'), '8.2f'):>8} {r.get('same_set_as_torch', ''):>8}")
+    print(f"\nMulti-level {lo:g}x -> {hi:g}x (Table 3 analogue): direct = C(g,{lo:g}) + C(g,{hi:g}); "
+          f"multi = C(g,{lo:g}) + recompress(., {hi / lo:g})")
+    print(f"{'size':10} {'compressor':10} {'direct ms':>10} {'multi ms':>9} {'speedup':>8} "
+          f"{'C(g,' + format(hi, 'g') + ') ms':>13} {'recompress ms':>14} {'speedup':>8}")
+    for r in rows:
+        if r["kind"] == "multilevel":
+            print(f"{r['size']:10} {r['compressor']:10} {r['direct_s'] * 1e3:10.1f} {r['multilevel_s'] * 1e3:9.1f} "
+                  f"{r['multilevel_speedup']:8.2f} {r['direct_high_s'] * 1e3:13.1f} {r['recompress_s'] * 1e3:14.1f} "
+                  f"{r['recompress_speedup']:8.2f}")
+
+
+def write_csv(rows: list[dict], out: Path) -> None:
+    """Write rows atomically: a temporary file in the same folder, then os.replace."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k, "")) for k in COLUMNS})
+    os.replace(tmp, out)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="resnet101,vgg16,lstm", help=f"comma list of {', '.join(SIZES)}")
+    ap.add_argument("--numel", default=None, help="comma list of element counts (instead of --sizes)")
+    ap.add_argument("--cfs", default="10,100,1000", help="compression factors")
+    ap.add_argument("--compressors", default=",".join(COMPRESSORS), help="comma list of compressors")
+    ap.add_argument("--dists", default="heavy,normal", help="heavy (randn*exp(randn), all compressors) and/or normal (Top-k only)")
+    ap.add_argument("--multilevel", default="10,1000", help="low,high CF of the multi-level comparison")
+    ap.add_argument("--no-reference", dest="reference", action="store_false",
+                    help="skip the torch.topk-based Top-k (reference code) in the multi-level table")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--budget", type=float, default=8.0, help="stop repeating a case after this many seconds")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: what torch uses)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help=f"one small size ({QUICK_NUMEL:,} elements)")
+    ap.add_argument("--out", default="results/compress_bench.csv")
+    a = ap.parse_args(argv)
+    try:
+        if a.quick:
+            a.sizes = [("quick", QUICK_NUMEL)]
+        elif a.numel:
+            a.sizes = [(f"n{int(v)}", int(v)) for v in a.numel.split(",")]
+        else:
+            bad = [s for s in a.sizes.split(",") if s not in SIZES]
+            if bad:
+                ap.error(f"unknown size(s) {', '.join(bad)}; valid: {', '.join(SIZES)} (or use --numel)")
+            a.sizes = [(s, SIZES[s]) for s in a.sizes.split(",")]
+        a.cfs = [float(v) for v in a.cfs.split(",")]
+        a.compressors = a.compressors.split(",")
+        a.dists = a.dists.split(",")
+        a.multilevel = tuple(float(v) for v in a.multilevel.split(","))
+    except ValueError as e:
+        ap.error(f"bad argument: {e}")
+    for c in a.compressors:
+        if c not in COMPRESSORS:
+            ap.error(f"unknown compressor {c!r}; valid: {', '.join(COMPRESSORS)}")
+    if set(a.dists) - {"heavy", "normal"} or len(a.multilevel) != 2 or a.repeats < 1 or min(a.cfs) < 1:
+        ap.error("need --dists from heavy,normal; --multilevel low,high; --repeats >= 1; CFs >= 1")
+    return a
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    rows = []
+    for size, n in args.sizes:
+        t0 = time.perf_counter()
+        rows += bench_size(size, n, args, threads)
+        print(f"[{size}: {n:,} elements done in {time.perf_counter() - t0:.0f} s]", flush=True)
+    print_tables(rows, threads, *args.multilevel)
+    out = Path(args.out)
+    write_csv(rows, out)
+    print(f"\nwrote {out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

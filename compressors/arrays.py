@@ -1,0 +1,208 @@
+"""Array plumbing for the selection algorithms: NumPy views on the CPU, torch tensors elsewhere.
+
+Why NumPy on the CPU: the algorithms run a handful of small element-wise steps on candidate
+sets of 10^4-10^6 elements. torch parallelises each of them with OpenMP, and on a machine whose
+cores are shared every parallel region can stall for a scheduler time slice (milliseconds per
+op); NumPy's single-threaded kernels (flatnonzero, argpartition, fancy indexing) are also several
+times faster than torch's CPU equivalents here. CPU tensors are viewed without copying; results
+go back through ``torch.from_numpy``. On other devices the same code runs on torch tensors.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+#: Elements per block of the cache-blocked scan (4 MiB of float32).
+CHUNK = 1 << 20
+NONFINITE = "gradient contains NaN/Inf values; cannot compress"
+_NP_DTYPES = (torch.float32, torch.float64, torch.float16)
+
+
+def native(x: Tensor):
+    """What the algorithms run on: a zero-copy NumPy view of a CPU tensor (NumPy dtypes), else x."""
+    if x.device.type == "cpu" and x.dtype in _NP_DTYPES:
+        return x.detach().numpy()
+    return x
+
+
+def native_like(t: Tensor, a):
+    """Tensor t (e.g. int64 indices) in the same kind of array as ``a``."""
+    return t.numpy() if isinstance(a, np.ndarray) else t
+
+
+def to_tensor(a, device) -> Tensor:
+    """Back to torch (no copy for NumPy arrays that own contiguous memory)."""
+    if isinstance(a, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+    return a
+
+
+class _NumPyOps:
+    """The few array operations the algorithms need, for NumPy arrays."""
+
+    abs = staticmethod(np.abs)
+    flatnonzero = staticmethod(np.flatnonzero)
+
+    @staticmethod
+    def count(mask) -> int:
+        return int(np.count_nonzero(mask))
+
+    @staticmethod
+    def top(a, k: int):
+        """Positions of the k largest (0 < k < len)."""
+        return np.argpartition(a, a.shape[0] - k)[a.shape[0] - k:]
+
+    @staticmethod
+    def bottom(a, d: int):
+        """Positions of the d smallest (0 < d < len)."""
+        return np.argpartition(a, d - 1)[:d]
+
+    @staticmethod
+    def cat(parts, like):
+        return np.concatenate(parts) if parts else np.empty(0, dtype=like.dtype)
+
+    @staticmethod
+    def arange(n: int, like):
+        return np.arange(n, dtype=np.int64)
+
+    @staticmethod
+    def ones_bool(n: int, like):
+        return np.ones(n, dtype=np.bool_)
+
+
+class _TorchOps:
+    """The same operations for torch tensors (any device)."""
+
+    @staticmethod
+    def abs(a):
+        return a.abs()
+
+    @staticmethod
+    def flatnonzero(mask):
+        return mask.nonzero().view(-1)
+
+    @staticmethod
+    def count(mask) -> int:
+        return int(torch.count_nonzero(mask))
+
+    @staticmethod
+    def top(a, k: int):
+        return torch.topk(a, k, sorted=False).indices
+
+    @staticmethod
+    def bottom(a, d: int):
+        return torch.topk(a, d, largest=False, sorted=False).indices
+
+    @staticmethod
+    def cat(parts, like):
+        return torch.cat(parts) if parts else like.new_empty(0)
+
+    @staticmethod
+    def arange(n: int, like):
+        return torch.arange(n, device=like.device)
+
+    @staticmethod
+    def ones_bool(n: int, like):
+        return torch.ones(n, dtype=torch.bool, device=like.device)
+
+
+def ops(a):
+    """The operation set for array ``a``."""
+    return _NumPyOps if isinstance(a, np.ndarray) else _TorchOps
+
+
+def top_positions(av, k: int):
+    """Positions of the k largest entries of a non-negative 1-D array (any valid set on ties)."""
+    xp, c = ops(av), av.shape[0]
+    if k >= c:
+        return xp.arange(c, av)
+    if k <= 0:
+        return xp.arange(0, av)
+    return xp.top(av, k)
+
+
+def finite_max(a) -> float:
+    """max of a as a float, NaN if a holds NaN (NumPy and torch both propagate it)."""
+    return float(a.max())
+
+
+def sample_abs(a, size: int, gen: torch.Generator):
+    """|a| at ``size`` positions drawn uniformly with replacement (all of |a| if size >= len)."""
+    n = a.shape[0]
+    if size >= n:
+        return ops(a).abs(a)
+    pos = torch.randint(0, n, (size,), generator=gen)
+    if isinstance(a, np.ndarray):
+        return np.abs(a[pos.numpy()])
+    return a.index_select(0, pos.to(a.device)).abs_()
+
+
+def kth_largest(v, *ranks: int) -> list[float]:
+    """The j-th largest entries (1-based ranks, clamped to [1, len]) of a 1-D array, as floats."""
+    m = v.shape[0]
+    kth = [m - min(max(j, 1), m) for j in ranks]  # ascending positions
+    srt = np.partition(v, kth) if isinstance(v, np.ndarray) else torch.sort(v).values
+    return [float(srt[i]) for i in kth]
+
+
+class Scan(NamedTuple):
+    """Result of :func:`above`: selected positions (ascending) and values, max|x|, sum|x| (or nan)
+    and, when a ``hi`` threshold was given, the positions *within idx/vals* of |v| < hi."""
+
+    idx: object
+    vals: object
+    absmax: float
+    abssum: float
+    band: object = None
+
+
+def above(a, thr: float, *, strict: bool = False, check: bool = False, abs_sum: bool = False,
+          hi: float | None = None) -> Scan:
+    """One pass over a: positions and values where |a| >= thr (> thr if strict).
+
+    With ``check`` raises ValueError on NaN/Inf (from the per-block max, no extra pass). For
+    NumPy arrays the scan is cache-blocked: |a| and the mask of a block never leave the cache.
+    """
+    if not isinstance(a, np.ndarray):
+        av = a.abs()
+        amax = finite_max(av)
+        if check and not math.isfinite(amax):
+            raise ValueError(NONFINITE)
+        idx = (av > thr if strict else av >= thr).nonzero().view(-1)
+        band = None if hi is None else (av[idx] < hi).nonzero().view(-1)
+        total = float(av.sum(dtype=torch.float64)) if abs_sum else math.nan
+        return Scan(idx, a[idx], amax, total, band)
+    n = a.shape[0]
+    cmp = np.greater if strict else np.greater_equal
+    t = a.dtype.type(thr)
+    th = None if hi is None else a.dtype.type(hi)
+    ab = np.empty(min(n, CHUNK), dtype=a.dtype)
+    mb = np.empty(min(n, CHUNK), dtype=np.bool_)
+    idxs, vals, bands, maxes, sums = [], [], [], [], []
+    count = 0
+    for off in range(0, n, CHUNK):
+        c = a[off:off + CHUNK]
+        m = c.shape[0]
+        ac, mk = ab[:m], mb[:m]
+        np.abs(c, out=ac)
+        maxes.append(ac.max())
+        if abs_sum:
+            sums.append(ac.sum(dtype=np.float64))
+        cmp(ac, t, out=mk)
+        nz = np.flatnonzero(mk)
+        if nz.size:
+            vals.append(c[nz])
+            if th is not None:
+                bands.append(np.flatnonzero(ac[nz] < th) + count)
+            idxs.append(nz + off)
+            count += nz.size
+    amax = float(np.max(maxes))  # np.max propagates NaN, Python's max does not
+    if check and not math.isfinite(amax):
+        raise ValueError(NONFINITE)
+    total = float(sum(sums)) if abs_sum else math.nan
+    band = None if th is None else _NumPyOps.cat(bands, np.empty(0, np.int64))
+    return Scan(_NumPyOps.cat(idxs, np.empty(0, np.int64)), _NumPyOps.cat(vals, a), amax, total, band)
