@@ -21,14 +21,14 @@ def build_method(cfg, group, sizes, device) -> Method:
 
 
 def method_state_bytes(cfg, numel: int) -> int:
-    """Per-worker state a method will hold (residuals per level, accumulators), to check memory first."""
-    name, c = cfg.method.name, cfg.compressor
-    if name == "dense":
+    """Per-worker state a method will hold (residual, momentum buffers, compensated gradient in
+    flight), so the simulated cluster can refuse to start before allocating it. Accordion's
+    epoch accumulator lives once per process, not per worker, and is left out."""
+    if cfg.method.name == "dense":
         return 0
-    residuals = 2 if name == "gravac" else 1          # GraVAC keeps one per compression level
-    copies = (3 if c.momentum_correction else 1) if c.error_feedback else 0
-    extra = 1 if name == "accordion" else 0            # Accordion's epoch-accumulated gradient
-    return 4 * numel * (residuals * copies + extra + 1)  # + 1: the compensated gradient in flight
+    c = cfg.compressor
+    residual = (3 if c.momentum_correction else 1) if c.error_feedback else 0  # DGC adds u and v
+    return 4 * numel * (residual + 1)
 
 
 __all__ = ["Method", "StepContext", "StepResult", "build_method", "method_state_bytes"]

@@ -1,0 +1,145 @@
+"""Accordion (Agarwal et al., MLSys 2021): low compression in critical regimes, high otherwise.
+
+Per layer (per parameter tensor; one regime for the whole model with compressor.granularity=flat)
+the norm of an epoch's accumulated gradient is compared with the one of the previous check:
+|prev − new| / prev ≥ η marks a critical regime -> cf_low, else cf_high. As in the public code
+(uw-mad-dash/Accordion, main_bash_topk.py), checks run at the end of epochs 0, s, 2s, ...
+(s = switch_freq): the first one has no previous norm and keeps every layer in low compression
+(training starts in low compression), later ones compare epoch k·s with epoch (k−1)·s. After
+every learning-rate decay all layers use low compression until the next check. A layer whose
+previous norm is 0 counts as critical when its new norm is not (the public code gives it ratio 9).
+
+Choices made here: the accumulated gradient is, with `accumulate`="local" (default), rank 0's own
+uncompressed gradient, as in the public code; with "averaged" it is the averaged
+post-communication gradient. The latter's epoch norm moves with the compression in force (with
+error feedback an epoch at 1000x sends accumulated residuals, not the epoch's gradient), so every
+regime switch looks like a critical regime at the next check: on a stationary synthetic gradient
+it cycles low, low, high, ... while "local" stays high (tests/test_accordion.py). The sum runs
+only over the steps of check epochs and is kept by rank 0 alone, which decides and broadcasts
+(a small object once per check, not counted in the step's communication). Epoch boundaries come
+from ctx.epoch (step / steps_per_epoch): the check for epoch e runs at the first step of epoch
+e+1, before that step compresses. The residual of error feedback is kept across regime switches
+(the public code's default, zero_memory off).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from gravac.methods.base import CompressingMethod, StepContext, StepResult
+
+
+def regimes(prev: list[float] | None, new: list[float], eta: float) -> tuple[list[bool], list[float | None]]:
+    """Per layer: low compression (critical regime)? and the ratio |prev − new| / prev.
+
+    No previous norms (first check): every layer low, ratios None. prev == 0: ratio 0 if the new
+    norm is 0 too, else infinite (critical), reported as None.
+    """
+    if prev is None:
+        return [True] * len(new), [None] * len(new)
+    low, ratios = [], []
+    for p, n in zip(prev, new):
+        r = abs(p - n) / p if p > 0 else (0.0 if n == 0 else math.inf)
+        low.append(r >= eta)
+        ratios.append(r if math.isfinite(r) else None)
+    return low, ratios
+
+
+class Accordion(CompressingMethod):
+    """Per-layer switching between cf_low and cf_high at gradient-norm checks; see module doc."""
+    name = "accordion"
+
+    def __init__(self, cfg, group, sizes, device):
+        super().__init__(cfg, group, sizes, device)
+        m = cfg.method
+        self.cf_low, self.cf_high, self.eta, self.freq = m.cf_low, m.cf_high, m.eta, m.switch_freq
+        seg = list(sizes) if cfg.compressor.granularity == "layer" else [self.numel]
+        self.bounds = list(zip(itertools.accumulate(seg, initial=0), seg))   # (offset, size)
+        self.low = [True] * len(seg)           # low compression until the first check
+        self.prev_norms: list[float] | None = None
+        self.epoch = 0                         # the epoch whose steps are being accumulated
+        self.accum: torch.Tensor | None = None  # rank 0 only, during check epochs
+        accumulate = m.accumulate
+        if accumulate not in ("local", "averaged"):
+            raise ValueError(f"method.accumulate must be local or averaged, got {accumulate!r}")
+        self.local = accumulate == "local"
+
+    # --- decisions --------------------------------------------------------------------------
+    def _cfs(self):
+        """The CF per layer (a plain number when every layer is in the same regime)."""
+        cfs = [self.cf_low if low else self.cf_high for low in self.low]
+        return cfs[0] if len(set(cfs)) == 1 else cfs
+
+    def _norms(self) -> list[float]:
+        """Per-layer norms of the accumulated gradient (zeros if nothing was accumulated)."""
+        if self.accum is None:
+            return [0.0] * len(self.bounds)
+        return [float(self.accum[o:o + n].norm(dtype=torch.float64)) for o, n in self.bounds]
+
+    def _check(self, epoch: int) -> dict:
+        """Rank 0 compares the epoch's norms with the previous check's and broadcasts the regimes."""
+        decision = None
+        if self.group.is_main:
+            norms = self._norms()
+            low, ratios = regimes(self.prev_norms, norms, self.eta)
+            self.prev_norms = norms
+            decision = {"epoch": epoch, "low_layers": [i for i, v in enumerate(low) if v],
+                        "ratios": ratios, "reason": "check"}
+        decision = self.group.broadcast_object(decision)
+        low = set(decision["low_layers"])
+        self.low = [i in low for i in range(len(self.bounds))]
+        return decision
+
+    def _boundary(self, ctx: StepContext) -> dict | None:
+        """Run the check when the epoch being accumulated has ended; start the next epoch."""
+        now = math.floor(ctx.epoch + 1e-9)
+        if now <= self.epoch:
+            return None
+        ended, self.epoch = self.epoch, now
+        decision = self._check(ended) if ended % self.freq == 0 else None
+        self.accum = None
+        return decision
+
+    def _accumulate(self, g: torch.Tensor) -> None:
+        """Rank 0 sums a gradient over the steps of a check epoch."""
+        if not self.group.is_main or self.epoch % self.freq != 0:
+            return
+        if self.accum is None:
+            self.accum = g.detach().clone()
+        else:
+            self.accum.add_(g)
+
+    # --- the step ---------------------------------------------------------------------------
+    def step(self, grads, ctx: StepContext) -> StepResult:
+        decision = self._boundary(ctx)
+        if ctx.lr_decayed:
+            self.low = [True] * len(self.bounds)
+            decision = {"epoch": math.floor(ctx.epoch + 1e-9), "ratios": None,
+                        **(decision or {}), "low_layers": list(range(len(self.bounds))),
+                        "reason": "check+lr_decay" if decision else "lr_decay"}
+        if self.local:
+            self._accumulate(grads[0])          # the main process hosts rank 0 first
+        comps, payloads, compress_s = self.compress_all(grads, self._cfs(), ctx.step)
+        avg, comm = self.group.aggregate(payloads)
+        for mem, comp, p in zip(self.memories[0], comps, payloads):
+            mem.update(comp, p)
+        if not self.local:
+            self._accumulate(avg)
+        nnz = sum(p.nnz for p in payloads) / len(payloads)
+        extra = {"cf_low_layers": sum(self.low)}
+        if decision is not None:
+            extra["accordion_decision"] = decision
+        return StepResult(grad=avg, cf=self.numel / nnz, floats_sent=nnz, comm=comm,
+                          compress_s=compress_s, extra=extra)
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "low": list(self.low), "prev_norms": self.prev_norms,
+                "epoch": self.epoch, "accum": None if self.accum is None else self.accum.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.low, self.prev_norms, self.epoch = list(state["low"]), state["prev_norms"], state["epoch"]
+        self.accum = None if state["accum"] is None else state["accum"].to(self.device).clone()

@@ -1,0 +1,322 @@
+"""GraVAC: gradient-variance-aware adaptive compression (Tyagi & Swany, arXiv 2305.12201, Alg. 1).
+
+Every step each worker compresses its error-compensated gradient g_o twice, multi-level:
+g_min = C(g_o, cf_min) and g_c = C(g_min, cs) (CF cf_min·cs, without a second pass over g_o).
+The compression gains δ = ||C(g)||²/||g_o||² decide what is sent: g_c if δ_c ≥ ε, else g_min if
+δ_min ≥ ε, else g_o dense. Every `window` steps the candidate CF grows, cf_min follows it when
+the two gains agree within ω, and scaling stops once two CFs give the same throughput × gain.
+
+The decision logic is `GraVACController` (plain floats, no tensors, testable on scripted gain
+streams); `GraVAC` wires compressors, error feedback and the group around it.
+
+Choices where the paper leaves room (all parameters in cfg.method; defaults in brackets):
+
+- Cluster gains: δ = Σ_w ||C(g)_w||² / Σ_w ||g_o,w||² over all workers (one gather of a few
+  floats per worker per step, counted in the step's communication); 1 if every g_o is zero.
+- EWMA: s ← α·x + (1−α)·s, i.e. the NEW sample gets weight α; α = `ewma`, or min(1, N/100) when
+  `ewma` < 0 (the paper's talk). A level's first sample seeds its EWMA.
+- T_system = N·b / t_iter with t_iter = compute + compression + communication of a step, the
+  communication modelled (network on, time_source != wall) or measured. Each worker sends its
+  previous step's t_iter in the gather and all take the max (the slowest worker paces a
+  synchronous step), so the T_compression sample of step i−1 is recorded at step i.
+- T_compression[cf] [`tcomp`="mean"]: the mean of T_system × δ(sent level, smoothed) over the
+  samples since the last window boundary (cf = the nominal CF sent; dense is recorded as CF 1
+  but never a candidate of the saturation rule); "last" keeps only the latest sample.
+- Window end (after steps w−1, 2w−1, ...), unless settled:
+  1. saturation: if the two best compressed T_compression values are within ω (relative to the
+     best), settle on the lower CF of the two: the candidate becomes that CF (cf_min drops to it,
+     with cs = 1, if it is below cf_min) and cf_min / cs never change again;
+  2. else if |δ_min − δ_c| / δ_min ≤ ω, cf_min ← cf_min·cs (the measured candidate becomes the
+     floor; its smoothed gain carries over as δ_min);
+  3. cs grows by the policy from its current value, also after cf_min rose: exponential
+     cs ← cs², geometric cs ← cs·step (doubles for the default step 2); capped so
+     cf_min·cs ≤ cf_max. [`reset_step`=False; True: after cf_min rose, cs restarts at `step`.]
+     A new candidate CF restarts δ_c's EWMA (seeded by its first sample).
+     [`grow_if`="always", as the paper; "accepted": without a cf_min raise, cs grows only when
+     the candidate's smoothed gain still meets ε. With "always" the candidate reaches cf_max
+     after a few windows whatever the gains, and if δ there stays below ε the run keeps sending
+     cf_min: the intermediate CFs get one window each.]
+  Scaling down happens only per step, through ε (fall back to cf_min, then dense).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from compressors import Payload
+from gravac.methods.base import CompressingMethod, StepContext, StepResult, raise_diverged
+
+def cf_key(cf: float) -> str:
+    """Stable text form of a CF for records (10, 20, 62.5, ...)."""
+    return f"{cf:.6g}"
+
+
+@dataclass
+class Decision:
+    """What the controller decided at one step (parameters are those this step used)."""
+    level: str                  # "c" | "min" | "dense"
+    cf_sent: float              # nominal CF of the level sent (1 for dense)
+    cf_min: float
+    cs: float
+    cf_c: float
+    delta_min: float            # smoothed gains
+    delta_c: float
+    delta_min_raw: float
+    delta_c_raw: float
+    t_system: float | None      # samples/s of the previous step (None at the first step)
+    window_end: bool            # the window update ran after this step's decision
+
+
+@dataclass
+class ControllerState:
+    """Everything the controller carries between steps (for checkpoints)."""
+    cf_min: float
+    cs: float
+    ewma_min: float | None = None
+    ewma_c: float | None = None
+    settled: bool = False
+    settled_cf: float | None = None
+    t_compression: dict = field(default_factory=dict)    # cf -> value
+    tc_window: dict = field(default_factory=dict)        # cf -> [sum, count] since the window began
+    pending: tuple | None = None                         # (cf, delta, samples) of the last step
+
+
+class GraVACController:
+    """GraVAC's decisions from cluster gains and step times alone (see the module docstring)."""
+
+    def __init__(self, cf_min: float, cf_max: float, window: int, step: float, epsilon: float,
+                 omega: float, policy: str = "exponential", ewma: float = 0.04,
+                 reset_step: bool = False, tcomp: str = "mean", grow_if: str = "always"):
+        if policy not in ("exponential", "geometric"):
+            raise ValueError(f"policy must be exponential or geometric, got {policy!r}")
+        if tcomp not in ("mean", "last"):
+            raise ValueError(f"tcomp must be mean or last, got {tcomp!r}")
+        if grow_if not in ("always", "accepted"):
+            raise ValueError(f"grow_if must be always or accepted, got {grow_if!r}")
+        if not (cf_max >= cf_min >= 1 and step > 1 and window >= 1 and 0 < ewma <= 1):
+            raise ValueError("GraVAC needs cf_max >= cf_min >= 1, step > 1, window >= 1, 0 < ewma <= 1")
+        self.cf_max, self.window, self.step0 = float(cf_max), int(window), float(step)
+        self.epsilon, self.omega, self.policy = float(epsilon), float(omega), policy
+        self.alpha, self.reset_step, self.tcomp, self.grow_if = float(ewma), bool(reset_step), tcomp, grow_if
+        self.s = ControllerState(cf_min=float(cf_min), cs=self._cap(float(cf_min), float(step)))
+
+    # --- read-only views --------------------------------------------------------------------
+    @property
+    def cf_min(self) -> float:
+        return self.s.cf_min
+
+    @property
+    def cs(self) -> float:
+        return self.s.cs
+
+    @property
+    def cf_c(self) -> float:
+        return self.s.cf_min * self.s.cs
+
+    @property
+    def settled(self) -> bool:
+        return self.s.settled
+
+    @property
+    def t_compression(self) -> dict:
+        return dict(self.s.t_compression)
+
+    # --- the step ---------------------------------------------------------------------------
+    def step(self, i: int, delta_min_raw: float, delta_c_raw: float,
+             t_iter_prev: float = 0.0, samples: float = 0.0) -> Decision:
+        """Decide step i from its raw cluster gains; `t_iter_prev` is the previous step's time.
+
+        Records the previous step's T_compression, smooths the gains, picks the level, and after
+        the last step of a window runs the window update (which applies from step i+1 on).
+        """
+        s = self.s
+        t_system = self._record_previous(t_iter_prev)
+        if s.cs <= 1:                       # no separate candidate level (cf_min = cf_max)
+            delta_c_raw = delta_min_raw
+        s.ewma_min = self._smooth(s.ewma_min, delta_min_raw)
+        s.ewma_c = self._smooth(s.ewma_c, delta_c_raw) if s.cs > 1 else s.ewma_min
+        cf_min, cs, cf_c = s.cf_min, s.cs, self.cf_c
+        if s.cs > 1 and s.ewma_c >= self.epsilon:
+            level, cf, delta = "c", cf_c, s.ewma_c
+        elif s.ewma_min >= self.epsilon:
+            level, cf, delta = "min", cf_min, s.ewma_min
+        else:
+            level, cf, delta = "dense", 1.0, 1.0
+        s.pending = (cf, delta, samples)
+        window_end = (i + 1) % self.window == 0
+        d = Decision(level, cf, cf_min, cs, cf_c, s.ewma_min, s.ewma_c, delta_min_raw, delta_c_raw,
+                     t_system, window_end)
+        if window_end:
+            self.end_window()
+        return d
+
+    def _smooth(self, old: float | None, x: float) -> float:
+        """EWMA with weight alpha on the new sample; the first sample seeds it."""
+        return x if old is None else self.alpha * x + (1 - self.alpha) * old
+
+    def _record_previous(self, t_iter_prev: float) -> float | None:
+        """T_compression[cf of the previous step] from its (cluster-wide) step time."""
+        s = self.s
+        if s.pending is None or not t_iter_prev > 0:
+            return None
+        cf, delta, samples = s.pending
+        s.pending = None
+        t_system = samples / t_iter_prev
+        value = t_system * delta
+        if self.tcomp == "last":
+            s.t_compression[cf] = value
+        else:
+            acc = s.tc_window.setdefault(cf, [0.0, 0])
+            acc[0] += value
+            acc[1] += 1
+            s.t_compression[cf] = acc[0] / acc[1]
+        return t_system
+
+    # --- window update ------------------------------------------------------------------------
+    def end_window(self) -> None:
+        """Saturation check, cf_min raise, cs growth (in that order); see the module docstring."""
+        s = self.s
+        s.tc_window = {}
+        if s.settled:
+            return
+        best = self.saturated()
+        if best is not None:
+            self._settle(best)
+            return
+        cf_c_old, raised = self.cf_c, False
+        if s.cs > 1 and s.ewma_min and s.ewma_c is not None \
+                and abs(s.ewma_min - s.ewma_c) / s.ewma_min <= self.omega:
+            s.cf_min, s.ewma_min, raised = cf_c_old, s.ewma_c, True
+        if raised and self.reset_step:
+            s.cs = self._cap(s.cf_min, self.step0)
+        elif raised or self.grow_if == "always" or (s.ewma_c or 0.0) >= self.epsilon:
+            s.cs = self._cap(s.cf_min, self.grow(s.cs))
+        if raised or not math.isclose(self.cf_c, cf_c_old):
+            s.ewma_c = None                    # a new candidate CF: its EWMA starts afresh
+
+    def grow(self, cs: float) -> float:
+        """The policy's next step size: exponential squares, geometric multiplies by `step`."""
+        return cs * cs if self.policy == "exponential" else cs * self.step0
+
+    def _cap(self, cf_min: float, cs: float) -> float:
+        """cs limited so that cf_min·cs ≤ cf_max (and never below 1)."""
+        return max(1.0, min(cs, self.cf_max / cf_min))
+
+    def saturated(self) -> float | None:
+        """The lower CF of the two best compressed T_compression values if within ω, else None."""
+        cands = sorted(((v, cf) for cf, v in self.s.t_compression.items() if cf > 1), reverse=True)
+        if len(cands) < 2:
+            return None
+        (v1, cf1), (v2, cf2) = cands[:2]
+        if v1 <= 0 or (v1 - v2) > self.omega * v1:
+            return None
+        return min(cf1, cf2)
+
+    def _settle(self, cf: float) -> None:
+        """Freeze scaling with `cf` as the candidate CF (cf_min drops to it when lower)."""
+        s = self.s
+        old_min, old_c = s.cf_min, self.cf_c
+        if cf < s.cf_min * (1 + 1e-9):
+            s.cf_min, s.cs = cf, 1.0
+        else:
+            s.cs = self._cap(s.cf_min, cf / s.cf_min)
+        if not math.isclose(s.cf_min, old_min):
+            s.ewma_min = s.ewma_c if math.isclose(s.cf_min, old_c) else None
+        if not math.isclose(self.cf_c, old_c):
+            s.ewma_c = None
+        s.settled, s.settled_cf = True, cf
+
+    # --- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return asdict(self.s)
+
+    def load_state_dict(self, state: dict) -> None:
+        st = dict(state)
+        st["pending"] = tuple(st["pending"]) if st.get("pending") is not None else None
+        st["t_compression"] = {float(k): v for k, v in st["t_compression"].items()}
+        st["tc_window"] = {float(k): list(v) for k, v in st["tc_window"].items()}
+        self.s = ControllerState(**st)
+
+
+def sq_norm(x: torch.Tensor) -> float:
+    """||x||² as a Python float."""
+    x = x.reshape(-1)
+    return float(torch.dot(x, x))
+
+
+class GraVAC(CompressingMethod):
+    """GraVAC over any compressor with multi-level `recompress`; one error-feedback residual per
+    worker, which follows what was actually sent (zero after a dense step)."""
+    name = "gravac"
+    clock = staticmethod(time.perf_counter)   # replaceable by tests that need deterministic times
+
+    def __init__(self, cfg, group, sizes, device):
+        super().__init__(cfg, group, sizes, device)
+        m = cfg.method
+        alpha = m.ewma if m.ewma > 0 else min(1.0, group.world / 100)
+        self.ctl = GraVACController(
+            m.cf_min, m.cf_max, m.window, m.step, m.epsilon, m.omega, m.policy, alpha,
+            reset_step=m.reset_step, tcomp=m.tcomp,
+            grow_if=m.grow_if)
+        net = cfg.network
+        self.model_time = net.enabled and net.time_source != "wall"
+        self.t_prev = [0.0] * len(group.local_ranks)   # each local worker's last step time
+
+    def _compress_worker(self, w: int, g: torch.Tensor, step: int, cf_min: float, cs: float):
+        """Compensate and compress one worker's gradient at both levels; squared norms, time."""
+        rank = self.group.local_ranks[w]
+        t0 = self.clock()
+        comp = self.memories[0][w].compensate(g)
+        try:
+            p_min = self.compressor.compress(comp, cf_min, seed=self.seed_for(step, 0, rank))
+            p_c = (self.compressor.recompress(p_min, cs, seed=self.seed_for(step, 1, rank))
+                   if cs > 1 else p_min)
+        except ValueError as e:
+            raise_diverged(e, step, self.name)
+        norms = [sq_norm(comp), sq_norm(p_min.values), sq_norm(p_c.values)]
+        return comp, p_min, p_c, norms, self.clock() - t0
+
+    def step(self, grads, ctx: StepContext) -> StepResult:
+        ctl = self.ctl
+        cf_min, cs = ctl.cf_min, ctl.cs
+        per_worker = [self._compress_worker(w, g, ctx.step, cf_min, cs) for w, g in enumerate(grads)]
+        comps, p_mins, p_cs, norms, times = (list(col) for col in zip(*per_worker))
+        rows = [n + [t] for n, t in zip(norms, self.t_prev)]   # + each worker's last step time
+        table, comm = self.group.gather_floats(rows)
+        total_o = sum(r[0] for r in table)
+        d_min = sum(r[1] for r in table) / total_o if total_o > 0 else 1.0
+        d_c = sum(r[2] for r in table) / total_o if total_o > 0 else 1.0
+        dec = ctl.step(ctx.step, d_min, d_c, max(r[3] for r in table), ctx.samples)
+        if dec.level == "c":
+            sent = p_cs
+        elif dec.level == "min":
+            sent = p_mins
+        else:
+            sent = [Payload(c, None, self.numel) for c in comps]
+        avg, agg = self.group.aggregate(sent)
+        comm += agg
+        for mem, comp, p in zip(self.memories[0], comps, sent):
+            mem.update(comp, p)
+        comm_s = comm.modelled_s if self.model_time else comm.measured_s
+        self.t_prev = [ctx.compute_s + dt + comm_s for dt in times]
+        nnz = sum(p.nnz for p in sent) / len(sent)
+        return StepResult(grad=avg, cf=self.numel / nnz, floats_sent=nnz, comm=comm,
+                          compress_s=max(times), extra=self._record(dec))
+
+    def _record(self, d: Decision) -> dict:
+        """GraVAC's per-step record fields."""
+        return {"cf_min": d.cf_min, "cs": d.cs, "cf_c": d.cf_c, "level": d.level,
+                "delta_min": d.delta_min, "delta_c": d.delta_c, "delta_min_raw": d.delta_min_raw,
+                "delta_c_raw": d.delta_c_raw, "t_system": d.t_system, "settled": self.ctl.settled,
+                "t_compression": {cf_key(cf): v for cf, v in sorted(self.ctl.t_compression.items())}}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "controller": self.ctl.state_dict(), "t_prev": list(self.t_prev)}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.ctl.load_state_dict(state["controller"])
+        self.t_prev = list(state["t_prev"])

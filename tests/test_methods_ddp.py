@@ -1,0 +1,169 @@
+"""Adaptive methods over torch.distributed: every rank takes the same decision at every step,
+and a 2-process gloo run equals the simulated cluster on the same per-worker gradients."""
+from __future__ import annotations
+
+import itertools
+import os
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+
+from gravac.comm import DistGroup, SimGroup
+from gravac.methods import StepContext, build_method
+from gravac.netmodel import NetworkModel
+from gravac.schema import CompressorCfg, MethodCfg, RunConfig
+
+WORLD = 2
+SIZES = [500, 300, 200]
+SPE = 3                                         # steps per epoch (Accordion)
+SCENARIOS = {
+    "gravac": dict(steps=30, method=dict(name="gravac", cf_min=4, cf_max=200, window=5, step=2,
+                                         epsilon=0.7, omega=0.05, ewma=0.5),
+                   compressor=dict(name="topk", granularity="flat")),
+    "accordion": dict(steps=15, method=dict(name="accordion", cf_low=1.5, cf_high=40, switch_freq=1, eta=0.5),
+                      compressor=dict(name="topk", granularity="layer")),
+    "accordion_averaged": dict(steps=15, method=dict(name="accordion", cf_low=1.5, cf_high=40, switch_freq=1,
+                                                     eta=0.5),
+                               compressor=dict(name="randomk", granularity="layer", shared_indices=False),
+                               accumulate="averaged"),
+}
+JOIN_TIMEOUT_S = 240
+
+
+def config(name: str) -> RunConfig:
+    sc = SCENARIOS[name]
+    cfg = RunConfig(method=MethodCfg(**sc["method"]), compressor=CompressorCfg(**sc["compressor"]))
+    if "accumulate" in sc:
+        cfg.method.accumulate = sc["accumulate"]
+    return cfg
+
+
+def grad(name: str, step: int, rank: int) -> torch.Tensor:
+    """Deliberately different per worker and over time, so levels and regimes change."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    n = sum(SIZES)
+    if name.startswith("accordion"):             # a steady direction; layer 1 jumps in epoch 2
+        x = torch.linspace(1, 2, n) * (rank + 1) + 0.2 * torch.randn(n, generator=g)
+        if step // SPE == 2:
+            x[500:800] *= 4
+        return x
+    x = torch.randn(n, generator=g) * (0.01 if (step // 4 + rank) % 3 else 1.0)
+    spikes = [10, 40, 120][(step // 3 + rank) % 3]
+    x[torch.randperm(n, generator=g)[:spikes]] += 5.0 * (rank + 1)
+    return x
+
+
+def ctx(step: int) -> StepContext:
+    return StepContext(step=step, epoch=step / SPE, lr=0.1, lr_decayed=step == 10, compute_s=0.02,
+                       samples=WORLD * 16)
+
+
+def fake_clock():
+    """2^-10 s per call (exact in binary), so every worker's measured compression time is the
+    same on any backend."""
+    ticks = itertools.count()
+    return lambda: next(ticks) / 1024
+
+
+def run_method(name: str, group, ranks: list[int]) -> list[dict]:
+    """Run a scenario; per step the record fields and the averaged gradient."""
+    cfg = config(name)
+    method = build_method(cfg, group, SIZES, torch.device("cpu"))
+    if name == "gravac":
+        method.clock = fake_clock()
+    out = []
+    for s in range(SCENARIOS[name]["steps"]):
+        res = method.step([grad(name, s, r) for r in ranks], ctx(s))
+        out.append({"cf": res.cf, "floats_sent": res.floats_sent, "wire_bytes": res.comm.wire_bytes,
+                    "modelled_s": res.comm.modelled_s, "extra": res.extra, "grad": res.grad.clone()})
+    return out
+
+
+def _worker(rank: int, init_file: str, out_dir: str) -> None:
+    """One gloo process: run every scenario, save the records (or each scenario's error)."""
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
+                                timeout=timedelta(seconds=60))
+        group = DistGroup(NetworkModel.from_cfg(RunConfig().network), torch.device("cpu"))
+        results = {}
+        for name in SCENARIOS:      # a deterministic error fails the same step on both ranks
+            try:
+                results[name] = run_method(name, group, [rank])
+            except Exception:
+                results[name] = traceback.format_exc()
+        dist.destroy_process_group()
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+
+
+@pytest.fixture(scope="module")
+def ddp_results(tmp_path_factory):
+    """Results of both ranks of a 2-process gloo run (spawned; killed if it hangs)."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    mpctx = torch.multiprocessing.get_context("spawn")
+    procs = [mpctx.Process(target=_worker, args=(r, str(tmp / "rendezvous"), str(tmp)), daemon=True)
+             for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=JOIN_TIMEOUT_S)
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:
+        p.kill()
+        p.join(5)
+    errors = "".join(f.read_text() for f in sorted(tmp.glob("*.err")))
+    assert not hung, f"ddp workers hung for {JOIN_TIMEOUT_S} s and were killed\n{errors}"
+    assert all(p.exitcode == 0 for p in procs), f"ddp workers failed: {[p.exitcode for p in procs]}\n{errors}"
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def records(ddp_results, rank: int, name: str) -> list[dict]:
+    """One rank's records of a scenario; fails with the worker's traceback if it raised."""
+    rec = ddp_results[rank][name]
+    if isinstance(rec, str):
+        pytest.fail(f"scenario {name} failed on rank {rank}:\n{rec}")
+    return rec
+
+
+def same(a: list[dict], b: list[dict], grad_tol: float = 0.0) -> None:
+    """Identical records step by step; gradients equal (within grad_tol)."""
+    assert len(a) == len(b)
+    for s, (x, y) in enumerate(zip(a, b)):
+        assert x["extra"] == y["extra"], f"step {s}"
+        assert (x["cf"], x["floats_sent"], x["wire_bytes"]) == (y["cf"], y["floats_sent"], y["wire_bytes"]), f"step {s}"
+        assert x["modelled_s"] == pytest.approx(y["modelled_s"])
+        torch.testing.assert_close(x["grad"], y["grad"], rtol=grad_tol, atol=grad_tol)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_decisions_identical_on_every_rank(ddp_results, name):
+    same(records(ddp_results, 0, name), records(ddp_results, 1, name))
+
+
+def test_gravac_run_exercises_levels_and_windows(ddp_results):
+    recs = [r["extra"] for r in records(ddp_results, 0, "gravac")]
+    assert len({r["level"] for r in recs}) >= 2                   # the scripted gradients move the level
+    assert len({(r["cf_min"], r["cs"]) for r in recs}) >= 2        # and the windows move the CFs
+
+
+def test_accordion_run_switches_regimes(ddp_results):
+    recs = [r["extra"] for r in records(ddp_results, 1, "accordion")]
+    decisions = [r["accordion_decision"] for r in recs if "accordion_decision" in r]
+    assert [(d["epoch"], d["reason"], d["low_layers"]) for d in decisions] == [
+        (0, "check", [0, 1, 2]), (1, "check", []), (2, "check", [1]),      # layer 1 jumped in epoch 2
+        (3, "lr_decay", [0, 1, 2]), (3, "check", [1])]                     # decay at step 10; 1 fell back
+    assert [r["cf_low_layers"] for r in recs] == [3] * 6 + [0] * 3 + [1] + [3] * 2 + [1] * 3
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_ddp_equals_simulated_cluster(ddp_results, name):
+    group = SimGroup(WORLD, NetworkModel.from_cfg(RunConfig().network))
+    ddp = records(ddp_results, 0, name)
+    same(ddp, run_method(name, group, list(range(WORLD))), grad_tol=1e-6)
