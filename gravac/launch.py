@@ -95,6 +95,10 @@ def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") 
     try:
         summary = train(cfg, group, device, writer, tracker_factory, say=say,
                         ckpt=Checkpointer(run_dir, group), resume_cmd=resume_cmd)
+    except BaseException as e:
+        if group.is_main:  # failed before training started: say so in the folder, too
+            _mark_failed(run_dir, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        raise
     finally:
         writer.close()
     if group.is_main:
@@ -229,6 +233,8 @@ def _mark_failed(run_dir: str, reason: str) -> None:
             summary = json.load(f)
     except (OSError, json.JSONDecodeError):
         summary = {}
+    if not os.path.isdir(run_dir):
+        return
     if summary.get("status") in (None, "running"):
         summary.update(status="failed", error=reason)
         atomic_write(path, json.dumps(summary, indent=2) + "\n")

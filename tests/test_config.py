@@ -75,6 +75,27 @@ BAD = [
     (["cluster.backend=mpi"], "cluster.backend='mpi' is not valid; choose one of: sim, ddp"),
     (["model=lstm_mini", "dataset=cifar10"], "does not fit dataset=cifar10"),
     (["train.target=80", "train.target_metric=top1"], "is a fraction"),
+    (["method=static", "compressor.cf=0.5"], "compressor.cf=0.5 is out of range: must be >= 1"),
+    (["method=gravac", "method.epsilon=0"], "method.epsilon=0.0 is out of range: must be in (0, 1]"),
+    (["method=gravac", "method.epsilon=1.5"], "method.epsilon=1.5 is out of range"),
+    (["method=gravac", "method.window=0"], "method.window=0 is out of range"),
+    (["method=gravac", "method.cf_min=100", "method.cf_max=10"], "method.cf_max=10.0 must be >= method.cf_min=100.0"),
+    (["method=gravac", "method.policy=linear"], "method.policy='linear' is not valid; choose one of: exponential, geometric"),
+    (["method=gravac", "method.omega=1"], "method.omega=1.0 is out of range"),
+    (["method=gravac", "compressor=none"], "method=gravac needs a compressor"),
+    (["method=dense", "compressor=topk"], "method=dense sends dense gradients"),
+    (["method=accordion", "method.cf_low=1000", "method.cf_high=10"], "method.cf_high=10.0 must be >= method.cf_low"),
+    (["method=static", "compressor.granularity=bucket"], "compressor.granularity='bucket' is not valid"),
+    (["train.momentum=1.0"], "train.momentum=1.0 is out of range"),
+    (["train.milestones=[0]"], "train.milestones=[0] is out of range"),
+    (["train.steps=0"], "train.steps=0 is out of range"),
+    (["network.bandwidth_gbps=0"], "network.bandwidth_gbps=0.0 is out of range"),
+    (["network.time_source=gpu"], "network.time_source='gpu' is not valid"),
+    (["logger.mode=cloud"], "logger.mode='cloud' is not valid"),
+    (["train.nesterov=maybe"], "train.nesterov='maybe' is not a boolean"),
+    (["cluster.dist_backend=nccl"], "needs cluster.device=cuda"),
+    (["dataset.eval_split=valid"], "exists only for ptb"),
+    (["model=lstm_mini", "train.target_metric=top1"], "evaluated by perplexity"),
 ]
 
 
@@ -86,7 +107,7 @@ def test_bad_values_in_process(args, fragment):
     assert fragment in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("args,fragment", BAD[:6])
+@pytest.mark.parametrize("args,fragment", BAD[:6] + BAD[9:12])
 def test_bad_values_cli_one_line_no_traceback(args, fragment):
     r = run_cli(args, timeout=120)
     assert r.returncode == 2, r.stderr

@@ -103,3 +103,14 @@ def test_nan_loss_stops_with_message(tmp_path):
     assert "step 4" in r.stderr and "method=dense" in r.stderr and "Traceback" not in r.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "diverged" and "step 4" in summary["error"]
+
+
+def test_sim_refuses_a_cluster_that_does_not_fit(tmp_path):
+    r, runs = _run(tmp_path, ["model=vgg16", "dataset=synthetic", "dataset.image_size=32", "cluster.workers=64",
+                              "cluster.max_memory_gb=8", "method=static", "compressor=topk"])
+    assert r.returncode == 2
+    assert "GiB" in r.stderr and "cluster.workers" in r.stderr and "cluster=ddp" in r.stderr
+    assert "Traceback" not in r.stderr
+    (run,) = runs
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and "GiB" in summary["error"]

@@ -25,9 +25,10 @@ except ImportError:  # Windows: no lock, the atomic rename alone keeps the cache
     fcntl = None  # type: ignore[assignment]
 
 from gravac.data.augment import random_crop_flip_nhwc, to_normalized_tensor
+from gravac.errors import UserError
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A user-fixable data problem (missing files, wrong layout, bad option): one clear line."""
 
 
