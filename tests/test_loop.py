@@ -114,3 +114,23 @@ def test_sim_refuses_a_cluster_that_does_not_fit(tmp_path):
     (run,) = runs
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and "GiB" in summary["error"]
+
+
+def test_ddp_worker_killed_stops_the_run(tmp_path):
+    t0 = time.time()
+    r, (run,) = _run(tmp_path, ["train.steps=50", "cluster=ddp", "cluster.workers=2", "cluster.timeout_s=20"],
+                     env={"GRAVAC_FAULT": "1:3:exit"}, timeout=180)
+    assert r.returncode != 0 and time.time() - t0 < 120
+    assert "worker rank 1" in r.stderr
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    assert [s["step"] for s in _steps(run)] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_ddp_hung_worker_times_out(tmp_path):
+    t0 = time.time()
+    r, (run,) = _run(tmp_path, ["train.steps=50", "cluster=ddp", "cluster.workers=2", "cluster.timeout_s=5"],
+                     env={"GRAVAC_FAULT": "1:3:hang"}, timeout=300)
+    assert r.returncode != 0 and time.time() - t0 < 150, r.stderr[-2000:]
+    assert "worker rank" in r.stderr
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
