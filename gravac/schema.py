@@ -6,7 +6,6 @@ types and ranges, so the library never does `cfg.x.y` lookups on a DictConfig.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 @dataclass

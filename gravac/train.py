@@ -8,6 +8,7 @@ the same weights; a torch.distributed process runs one. Rank 0 alone writes resu
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 import torch
 
 from gravac.checkpoint import Checkpointer, StopFlag
@@ -27,9 +28,37 @@ def lr_at(cfg: RunConfig, step: int) -> float:
     return cfg.train.lr * cfg.train.gamma ** sum(step >= m for m in cfg.train.milestones)
 
 
-def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_factory, say=print,
-          ckpt: Checkpointer | None = None, resume_cmd: str = "") -> dict:
-    """Train to the configured length (continuing from the latest checkpoint when resuming)."""
+@dataclass
+class Parts:
+    """Everything a run is made of, built once from the config."""
+    dataset: object
+    model: torch.nn.Module
+    workers: Workers
+    method: object
+    opt: torch.optim.Optimizer
+    evaluator: Evaluator
+    summary: Summary
+    total: int                 # steps of the whole run
+    spe: int                   # steps per epoch (of one worker's shard)
+
+    def state_dict(self, net) -> dict:
+        """All state a resumed run needs to continue exactly as an uninterrupted one."""
+        return {"model": self.model.state_dict(), "opt": self.opt.state_dict(),
+                "method": self.method.state_dict(), "workers": self.workers.state_dict(),
+                "summary": self.summary.state_dict(), "net_beta": net.beta_Bps, "rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict, net) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+        self.method.load_state_dict(state["method"])
+        self.workers.load_state_dict(state["workers"])
+        self.summary.load_state_dict(state["summary"])
+        net.beta_Bps = state["net_beta"]
+        torch.set_rng_state(state["rng"])
+
+
+def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
+    """Data, model, workers, method, optimizer, evaluator and summary for this process."""
     torch.manual_seed(cfg.train.seed)
     dataset = load_dataset(cfg.dataset)
     model = build_model(cfg.model, dataset.num_classes, dataset.task).to(device)
@@ -40,27 +69,26 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
         f"({dataset.train_size:,} train {'tokens' if dataset.task == 'lm' else 'samples'}); "
         f"{group.world} workers ({cfg.cluster.backend}); method {cfg.method.name}"
         + (f" + {cfg.compressor.name}" if cfg.compressor.name != "none" else ""))
-
     momentum = 0.0 if cfg.compressor.momentum_correction else cfg.train.momentum  # DGC moves it into memory
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=momentum,
                           weight_decay=cfg.train.weight_decay, nesterov=cfg.train.nesterov and momentum > 0)
     spe = workers.steps_per_epoch
     total = math.ceil(cfg.train.epochs * spe) if cfg.train.epochs > 0 else cfg.train.steps
-    net = group.net
     evaluator = Evaluator(cfg, dataset, model, group, device)
-    summary = Summary(cfg, dataset, count_parameters(model), total, net, evaluator.metric)
+    summary = Summary(cfg, dataset, count_parameters(model), total, group.net, evaluator.metric)
     summary.steps_per_epoch = spe
+    return Parts(dataset, model, workers, method, opt, evaluator, summary, total, spe)
 
+
+def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_factory, say=print,
+          ckpt: Checkpointer | None = None, resume_cmd: str = "") -> dict:
+    """Train to the configured length (continuing from the latest checkpoint when resuming)."""
+    parts = build(cfg, group, device, say)
+    workers, method, opt, summary, evaluator = parts.workers, parts.method, parts.opt, parts.summary, parts.evaluator
+    total, spe, net = parts.total, parts.spe, group.net
     start = ckpt.latest_step() if ckpt and cfg.experiment.resume else None
-    if start is not None:  # every piece of state, so the continuation equals an uninterrupted run
-        state = ckpt.load(start)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        method.load_state_dict(state["method"])
-        workers.load_state_dict(state["workers"])
-        summary.load_state_dict(state["summary"])
-        net.beta_Bps = state["net_beta"]
-        torch.set_rng_state(state["rng"])
+    if start is not None:
+        parts.load_state_dict(ckpt.load(start), net)
         writer.truncate(start)
         say(f"resumed at step {start} from {cfg.experiment.resume}")
     else:
@@ -72,11 +100,8 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
                 f"({compute * 1e3:.1f} ms) -> {net.beta_Bps * 8 / 1e9:.4g} Gbit/s")
 
     def save(step: int) -> None:
-        if ckpt is None:
-            return
-        ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict(), "method": method.state_dict(),
-                         "workers": workers.state_dict(), "summary": summary.state_dict(),
-                         "net_beta": net.beta_Bps, "rng": torch.get_rng_state()})
+        if ckpt is not None:
+            ckpt.save(step, parts.state_dict(net))
 
     tracker = tracker_factory(total, writer.dir)
     tracker.start_at(start)
@@ -123,7 +148,7 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
                 if every and ((step + 1) % every == 0 or step + 1 == total):  # the last lets a run be extended
                     save(step + 1)
         status = "completed"
-        writer.save_model(model.state_dict())
+        writer.save_model(parts.model.state_dict())
     except DivergedError as e:
         status = "diverged"
         summary.error = str(e)
