@@ -55,7 +55,8 @@ class Summary:
         self.wire += rec["wire_bytes"]
         self.model_s += rec["step_model_s"]
         self.wall_step_s += rec["step_wall_s"]
-        key = f"{rec['cf']:.4g}"
+        cf = rec["cf"]
+        key = f"{float(f'{cf:.2g}'):g}"   # 2 significant digits: per-layer CFs vary slightly
         self.cf_hist[key] = self.cf_hist.get(key, 0) + 1
 
     def reached(self, value: float) -> bool:
