@@ -56,6 +56,8 @@ def _numeric(rows: list[dict], col: str) -> bool:
 def multilevel_rows(path: str) -> list[dict]:
     """[{model, compressor, cf, direct_s, multilevel_s, speedup}] from the benchmark CSV."""
     cols, rows = read_csv(path)
+    if "kind" in cols:  # bench/compress_bench.py: per-compressor rows and multi-level rows in one file
+        rows = [r for r in rows if r.get("kind") == "multilevel"] or rows
     if not rows:
         raise BenchFormatError(f"{path} has no data rows")
     entity, comp, cf = _find(cols, ENTITY), _find(cols, COMPRESSOR), _find(cols, CF)
@@ -93,6 +95,7 @@ def _pair(cols, rows, path, entity, comp, cf) -> list[dict]:
             kind = "direct" if "direct" in m else "multi" if "multi" in m else None
             if kind:
                 acc.setdefault(key(r), {"direct": [], "multi": []})[kind].append(_float(r[tcol]) * _time_scale(tcol))
+    second = {key(r): r for r in rows} if "recompress_s" in cols and "direct_high_s" in cols else {}
     out = []
     for (ent, c, f), d in acc.items():
         dv = [x for x in d["direct"] if math.isfinite(x)]
@@ -100,6 +103,10 @@ def _pair(cols, rows, path, entity, comp, cf) -> list[dict]:
         if not dv or not mv:
             continue
         ds, ms = statistics.median(dv), statistics.median(mv)
-        out.append({"model": ent or "-", "compressor": c, "cf": f if math.isfinite(f) else "-",
-                    "direct_s": ds, "multilevel_s": ms, "speedup": ds / ms if ms > 0 else math.nan})
+        row = {"model": ent or "-", "compressor": c, "cf": f if math.isfinite(f) else "-",
+               "direct_s": ds, "multilevel_s": ms, "speedup": ds / ms if ms > 0 else math.nan}
+        r2 = second.get((ent, c, f))
+        if r2 is not None:  # the second level alone: C(g, final CF) vs recompressing the first payload
+            row["high_s"], row["recompress_s"] = _float(r2["direct_high_s"]), _float(r2["recompress_s"])
+        out.append(row)
     return out

@@ -336,3 +336,17 @@ def test_script_runs_from_the_command_line(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "plots" / "paper.py"), str(tmp_path / "nothing-here"),
                         "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_reads_the_compression_benchmarks_own_csv(tmp_path):
+    """The Table 3 reader understands what bench/compress_bench.py actually writes."""
+    import importlib.util
+    from plots.bench import multilevel_rows
+    spec = importlib.util.spec_from_file_location("compress_bench", ROOT / "bench" / "compress_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "cb.csv"
+    mod.main(["--quick", "--out", str(out)])
+    rows = multilevel_rows(str(out))
+    assert {r["compressor"] for r in rows} >= {"topk", "dgc", "redsync", "randomk"}
+    assert all(r["direct_s"] > 0 and r["multilevel_s"] > 0 and r["recompress_s"] > 0 for r in rows)
