@@ -18,20 +18,29 @@ from gravac.errors import Interrupted, UserError  # noqa: E402
 CONF_DIR = os.path.join(ROOT, "conf")
 
 
+FAILED: list[str] = []   # jobs of a sweep that failed; the sweep goes on and exits non-zero
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
     """Build the typed config and run it; user errors end in one line and a non-zero exit."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    hc = HydraConfig.get()
+    sweep = hc.mode == RunMode.MULTIRUN
     try:
         run_cfg = build_config(cfg)
         from gravac.launch import launch
-        launch(run_cfg, overrides=list(HydraConfig.get().overrides.task))
+        launch(run_cfg, overrides=list(hc.overrides.task))
+        return
     except Interrupted as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(130)  # a Ctrl-C ends the whole sweep
     except (ConfigError, UserError) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        if not sweep:
+            sys.exit(2)
+        FAILED.append(" ".join(hc.overrides.task))
     except KeyboardInterrupt:
         print("error: interrupted before the first step; nothing to resume", file=sys.stderr)
         sys.exit(130)
@@ -45,3 +54,6 @@ if __name__ == "__main__":
         sys.exit(2)
     register_base()
     main()
+    if FAILED:
+        print(f"error: {len(FAILED)} job(s) of the sweep failed: " + "; ".join(FAILED), file=sys.stderr)
+        sys.exit(2)

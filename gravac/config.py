@@ -104,6 +104,10 @@ def build_config(cfg: Any) -> RunConfig:
     cfg = {k: v for k, v in dict(cfg).items() if k != "hydra"}
     run = _build(RunConfig, cfg, "")
     _check(run)
+    if run.method.name == "dense" and run.compressor.name != "none":
+        # dense ignores the compressor, so a grid `method=dense,gravac compressor=topk,dgc` works;
+        # the run records compressor=none so it is never mistaken for a compressed run
+        run.compressor = schema.CompressorCfg()
     return run
 
 
@@ -179,8 +183,6 @@ def _check(run: RunConfig) -> None:
     m, c = run.method, run.compressor
     if m.name in ("static", "accordion", "gravac") and c.name == "none":
         raise ConfigError(f"method={m.name} needs a compressor; set compressor= one of: topk, dgc, redsync, randomk")
-    if m.name == "dense" and c.name != "none":
-        raise ConfigError(f"method=dense sends dense gradients; drop compressor={c.name} or use method=static")
     if m.name == "gravac" and m.cf_max < m.cf_min:
         raise ConfigError(f"method.cf_max={m.cf_max} must be >= method.cf_min={m.cf_min}")
     if m.name == "accordion" and m.cf_high < m.cf_low:

@@ -83,7 +83,6 @@ BAD = [
     (["method=gravac", "method.policy=linear"], "method.policy='linear' is not valid; choose one of: exponential, geometric"),
     (["method=gravac", "method.omega=1"], "method.omega=1.0 is out of range"),
     (["method=gravac", "compressor=none"], "method=gravac needs a compressor"),
-    (["method=dense", "compressor=topk"], "method=dense sends dense gradients"),
     (["method=accordion", "method.cf_low=1000", "method.cf_high=10"], "method.cf_high=10.0 must be >= method.cf_low"),
     (["method=static", "compressor.granularity=bucket"], "compressor.granularity='bucket' is not valid"),
     (["train.momentum=1.0"], "train.momentum=1.0 is out of range"),
@@ -122,3 +121,8 @@ def test_help_lists_groups():
     for g in ("model:", "dataset:", "method:", "compressor:", "cluster:", "network:"):
         assert g in r.stdout
     assert "resnet101" in r.stdout and "synthetic" in r.stdout
+
+
+def test_dense_ignores_a_compressor_so_grids_work():
+    run = build_config(compose(["method=dense", "compressor=topk"]))
+    assert run.method.name == "dense" and run.compressor.name == "none"

@@ -134,3 +134,14 @@ def test_ddp_hung_worker_times_out(tmp_path):
     assert r.returncode != 0 and time.time() - t0 < 150, r.stderr[-2000:]
     assert "worker rank" in r.stderr
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+
+
+def test_multirun_sweep_runs_every_job_and_reports_failures(tmp_path):
+    r = run_cli(["-m", "method=dense,gravac", "compressor=topk", "train.steps=3", "train.lr=0.1,-1", *SMALL,
+                 f"experiment.results_root={tmp_path}"], timeout=600)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "2 job(s) of the sweep failed" in r.stderr and "Traceback" not in r.stderr
+    runs = sorted(p.name for p in tmp_path.glob("default/*") if p.is_dir() and not p.name.startswith("."))
+    assert len(runs) == 2 and any("-dense-" in n for n in runs) and any("-gravac-" in n for n in runs)
+    for run in tmp_path.glob("default/2*"):
+        assert json.loads((run / "summary.json").read_text())["status"] == "completed"
