@@ -120,7 +120,7 @@ class TrainCfg:
     steps: int = 300                    # total steps; epochs > 0 overrides
     epochs: float = 0.0
     eval_every: int = 100               # steps between evaluations (and at the end)
-    eval_batch_size: int = 256
+    eval_batch_size: int = 256         # images per eval batch; LM evaluates min(this, 10) sequences
     target_metric: str = "top1"         # top1 | top5 | perplexity
     target: float = 0.0                 # 0 -> no target; top-k as a fraction (0.8 = 80%)
     grad_clip: float = 0.0              # max grad norm (LSTM); 0 -> off

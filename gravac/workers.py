@@ -57,17 +57,22 @@ class Workers:
             p.grad = flat[off: off + n].view_as(p)
             off += n
 
+    def _forward_loss(self, x: torch.Tensor, y: torch.Tensor, hidden=None):
+        """Cross-entropy of one batch; the LM also takes and returns its hidden state."""
+        if not self.lm:
+            return F.cross_entropy(self.model(x), y), None
+        logits, hidden = self.model(x, hidden if hidden is not None else self.model.init_hidden(x.shape[1]))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)), hidden
+
     def _loss(self, w: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward pass of worker `w` on its batch; the LM carries its hidden state across steps."""
-        if not self.lm:
-            return F.cross_entropy(self.model(x), y)
-        loader = self.loaders[w]
-        if self.hidden[w] is None or getattr(loader, "new_epoch", False):
-            self.hidden[w] = self.model.init_hidden(x.shape[1])
+        hidden = self.hidden[w]
+        if hidden is not None and not self.loaders[w].new_epoch:
+            hidden = tuple(h.detach() for h in hidden)
         else:
-            self.hidden[w] = tuple(h.detach() for h in self.hidden[w])
-        logits, self.hidden[w] = self.model(x, self.hidden[w])
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            hidden = None  # a new epoch starts from a fresh state
+        loss, self.hidden[w] = self._forward_loss(x, y, hidden)
+        return loss
 
     def compute(self, step: int, stop: bool = False) -> tuple[list[torch.Tensor], float, float, bool]:
         """Every local worker's flat gradient, the cluster's compute time (slowest), mean loss,
@@ -125,11 +130,7 @@ class Workers:
             t0 = time.perf_counter()
             buf.zero_()
             self._point_grads(buf)
-            if self.lm:
-                logits, _ = self.model(x, self.model.init_hidden(x.shape[1]))
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-            else:
-                loss = F.cross_entropy(self.model(x), y)
+            loss, _ = self._forward_loss(x, y)
             loss.backward()
             times.append(time.perf_counter() - t0)
         for b, s in zip(self.model.buffers(), saved):

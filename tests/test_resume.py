@@ -113,3 +113,21 @@ def test_two_concurrent_runs_keep_separate_valid_results(tmp_path):
     for run in runs:
         assert len(_records(run, "steps.jsonl")) == 6
         assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+
+
+def test_lm_run_extended_from_its_final_checkpoint_equals_a_longer_run(tmp_path):
+    """The LM's carried hidden states and dropout RNG are part of the checkpoint."""
+    from conftest import data_dir
+    data_dir("ptb")
+    lm = ["model=lstm_mini", "model.embed_size=32", "model.hidden_size=32", "dataset.bptt=10", "train.eval_every=5",
+          "train.checkpoint_every=5", "cluster.workers=2", "cluster.threads=1", "logger.progress=false",
+          "method=gravac", "compressor=topk", "method.window=4", "method.epsilon=0.2"]
+    ref = run_cli([*lm, "train.steps=16", f"experiment.results_root={tmp_path / 'ref'}"])
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    short = run_cli([*lm, "train.steps=8", f"experiment.results_root={tmp_path / 'ext'}"])
+    assert short.returncode == 0, short.stderr[-2000:]
+    run = _only_run(tmp_path / "ext")
+    ext = run_cli([*lm, "train.steps=16", f"experiment.results_root={tmp_path / 'ext'}", f"experiment.resume={run}"])
+    assert ext.returncode == 0, ext.stderr[-2000:]
+    a, b = _records(_only_run(tmp_path / "ref"), "steps.jsonl"), _records(run, "steps.jsonl")
+    assert [(r["loss"], r["cf"]) for r in a] == [(r["loss"], r["cf"]) for r in b] and len(b) == 16
