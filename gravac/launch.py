@@ -162,10 +162,16 @@ def _torchrun_worker(cfg: RunConfig, command: str) -> dict | None:
     dist.broadcast_object_list(box, src=0)
     device = _device(cfg, int(os.environ.get("LOCAL_RANK", 0)))
     group = DistGroup(NetworkModel.from_cfg(cfg.network), device)
-    try:
-        return _run(cfg, group, device, box[0], command)
-    finally:
-        dist.destroy_process_group()
+    summary = _run(cfg, group, device, box[0], command)
+    _shutdown(dist)
+    return summary
+
+
+def _shutdown(dist) -> None:
+    """Leave the process group together: a rank tearing gloo down while a peer is still inside it
+    has aborted the process ("terminate called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, command: str) -> None:
@@ -177,7 +183,12 @@ def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, comma
         _init_dist(cfg, init_method, rank, world)
         device = _device(cfg, rank)
         _run(cfg, DistGroup(NetworkModel.from_cfg(cfg.network), device), device, run_dir, command)
-        dist.destroy_process_group()
+        _shutdown(dist)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter teardown: a gloo thread destroyed there has, rarely, aborted a worker
+        # whose run had completed ("terminate called without an active exception", exit -6).
+        os._exit(0)
     except Interrupted as e:
         if rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
