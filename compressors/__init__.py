@@ -4,7 +4,7 @@ CF = dense size / elements sent (10x keeps 10%). Every compressor returns a :cla
 of exact input values at global indices; ``recompress`` compresses a payload further using only
 its values (GraVAC's multi-level compression).
 """
-from .base import Compressor, Payload, target_k
+from .base import COUNT_BYTES, Compressor, Payload, target_k
 from .dgc import DGC, dgc_warmup_cf
 from .factory import COMPRESSORS, build_compressor
 from .layerwise import Layerwise
@@ -14,4 +14,4 @@ from .redsync import RedSync
 from .topk import TopK
 
 __all__ = ["Payload", "Compressor", "TopK", "DGC", "RedSync", "RandomK", "Layerwise", "ErrorFeedback",
-           "build_compressor", "dgc_warmup_cf", "target_k", "COMPRESSORS"]
+           "build_compressor", "dgc_warmup_cf", "target_k", "COMPRESSORS", "COUNT_BYTES"]

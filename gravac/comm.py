@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
+from compressors import COUNT_BYTES, Payload  # COUNT_BYTES: the int64 count sent before a sparse all-gather
 from gravac.netmodel import NetworkModel
-
-if TYPE_CHECKING:
-    from compressors import Payload
-
-COUNT_BYTES = 8  # the int64 element count each worker contributes before a sparse all-gather
 
 
 @dataclass
@@ -114,7 +110,7 @@ class Group:
         t0 = time.perf_counter()
         values, indices, padded = self._allgather_sparse(payloads)
         out = _sparse_mean(values, indices, p.numel, self.world)
-        per_elem = p.values.element_size() + (4 if p.numel < 2**31 else 8)
+        per_elem = p.values.element_size() + p.index_bytes()
         nbytes = padded * per_elem
         modelled = self.net.allgather(COUNT_BYTES, self.world) + self.net.allgather(nbytes, self.world)
         return out, CommStats(nbytes + COUNT_BYTES, modelled, time.perf_counter() - t0)
@@ -180,7 +176,7 @@ class DistGroup(Group):
         dist.all_gather(counts, count)
         counts_l = [int(c.item()) for c in counts]
         padded = max(1, max(counts_l))
-        idx_dtype = torch.int32 if p.numel < 2**31 else torch.int64
+        idx_dtype = torch.int32 if p.index_bytes() == 4 else torch.int64
         vals = p.values.to(torch.float32) if p.values.element_size() != 4 else p.values
         words = 1 if idx_dtype == torch.int32 else 2
         buf = torch.zeros(padded * (1 + words), dtype=torch.int32, device=self.device)

@@ -57,10 +57,6 @@ class Method:
     def load_state_dict(self, state: dict) -> None:
         pass
 
-    def memory_bytes_per_worker(self) -> int:
-        """Per-worker state this method keeps (error-feedback residuals etc.), for estimates."""
-        return 0
-
     def step_seed(self, step: int, level: int = 0, rank: int = 0) -> int:
         """Seed for a compressor's randomness: shared by all workers unless `rank` differs."""
         return (self.seed * 1_000_003 + step * 101 + level * 7 + rank * 7_919) % (2**62)
@@ -111,9 +107,6 @@ class CompressingMethod(Method):
             comps.append(comp)
             payloads.append(p)
         return comps, payloads, slowest
-
-    def memory_bytes_per_worker(self) -> int:
-        return sum(m[0].nbytes for m in self.memories) if self.memories and self.memories[0] else 0
 
     def state_dict(self) -> dict:
         return {"memories": [[m.state_dict() for m in lvl] for lvl in self.memories]}
