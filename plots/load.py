@@ -1,13 +1,15 @@
 """Reading run folders into tidy records.
 
 A run folder holds config.yaml, steps.jsonl, evals.jsonl and summary.json (any may be missing or,
-for the JSONL files, end in a torn line when the run was killed). `load_run` reads what is there
+for the JSONL files, end in a torn line when the run was killed). A JSONL file may also be stored
+gzipped (steps.jsonl.gz, as in results/reference/): it is read the same way. `load_run` reads what is there
 and records every defect in `Run.problems`, so the analysis uses incomplete runs for what they
 contain and the command can say which runs were incomplete. Everything numeric comes from the
 files: cumulative quantities are cumulative sums of steps.jsonl, cross-checked with summary.json.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -19,7 +21,7 @@ import yaml
 
 from plots.labels import assign_labels
 
-RUN_MARKERS = ("steps.jsonl", "summary.json")
+RUN_MARKERS = ("steps.jsonl", "steps.jsonl.gz", "summary.json")
 HIGHER_IS_BETTER = {"top1": True, "top5": True, "perplexity": False}
 
 
@@ -52,10 +54,14 @@ def find_runs(paths: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
 
 
 def read_jsonl(path: str) -> tuple[list[dict], int]:
-    """The JSON objects of a JSONL file and the number of non-empty lines that did not parse."""
+    """The JSON objects of a JSONL file (or of PATH.gz when only that exists) and the number of
+    non-empty lines that did not parse."""
     out, bad = [], 0
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
+    opener = gzip.open if path.endswith(".gz") else open
     try:
-        with open(path, errors="replace") as f:
+        with opener(path, "rt", errors="replace") as f:
             for line in f:
                 if not line.strip():
                     continue
@@ -68,8 +74,8 @@ def read_jsonl(path: str) -> tuple[list[dict], int]:
                     out.append(rec)
                 else:
                     bad += 1
-    except OSError:
-        return [], 0
+    except (OSError, EOFError):  # EOFError: a truncated .gz; what was read so far is kept
+        return out, bad + 1 if os.path.exists(path) else 0
     return out, bad
 
 
@@ -299,7 +305,7 @@ def load_run(path: str) -> Run:
         problems.append(f"steps.jsonl: {bad_s} unreadable line(s) skipped (torn write)")
     if bad_e:
         problems.append(f"evals.jsonl: {bad_e} unreadable line(s) skipped (torn write)")
-    if not os.path.exists(os.path.join(path, "steps.jsonl")):
+    if not any(os.path.exists(os.path.join(path, f)) for f in ("steps.jsonl", "steps.jsonl.gz")):
         problems.append("steps.jsonl missing")
     if not evals:
         problems.append("no evaluations")

@@ -1,0 +1,207 @@
+"""Curate a study's raw runs into results/reference/: small, committed, and enough to redraw every figure.
+
+    python bench/reference.py [RAW ...] [--out results/reference]
+                              [--experiments mini_vgg,mini_resnet,mini_lstm] [--bench results/compress_bench.csv]
+
+For each study experiment, every completed run under RAW (default results/runs) is copied to
+OUT/<experiment>/runs/<setting>-s<seed>/ with its config.yaml, command.txt, summary.json,
+evals.jsonl and its full per-step record gzipped (steps.jsonl.gz: cumulative sums stay exact).
+OUT/<experiment>/runs.csv gets one row per run, OUT/<experiment>/curves.csv every run downsampled
+to every --every steps plus its evaluations. Then plots/paper.py draws the figures and tables from
+the curated copies (not the raw runs) into OUT/plots/, so what is committed redraws itself.
+Incomplete runs and older duplicates of a setting and seed are listed and left out. OUT is
+replaced in one rename at the end: an interrupted call leaves the previous reference intact.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import io
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from plots import paper  # noqa: E402
+from plots.load import Run, build_contexts, find_runs, load_run, relevant_settings  # noqa: E402
+
+STUDY = ("mini_vgg", "mini_resnet", "mini_lstm")
+COPIED = ("config.yaml", "command.txt", "summary.json", "evals.jsonl")
+RUN_COLUMNS = ["experiment", "setting", "seed", "run", "method", "compressor", "cf", "epsilon", "policy", "steps",
+               "metric", "final_metric", "best_metric", "target", "target_step", "floats_sent", "floats_to_target",
+               "floats_vs_dense", "model_s", "model_s_to_target", "wall_s", "wall_s_to_target", "run_wall_s",
+               "mean_gain", "cf_histogram"]
+CURVE_COLUMNS = ["experiment", "setting", "seed", "step", "loss", "cf", "floats_cum", "model_s_cum", "wall_s_cum",
+                 "metric"]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="bench/reference.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("raw", nargs="*", default=["results/runs"], help="folders holding the raw runs")
+    p.add_argument("--out", default="results/reference")
+    p.add_argument("--experiments", default=",".join(STUDY), help="experiment.name values to curate")
+    p.add_argument("--bench", default="results/compress_bench.csv", help="compression benchmark CSV (Table 3)")
+    p.add_argument("--every", type=int, default=10, help="curves.csv keeps every N-th step (default 10)")
+    return p.parse_args(argv)
+
+
+def select(raw: list[str], experiments: list[str]) -> tuple[dict[str, list[Run]], list[str]]:
+    """Completed runs per experiment (newest of each setting+seed) and what was left out, with why."""
+    dirs, _, missing = find_runs(raw)
+    left = [f"{m}: does not exist" for m in missing]
+    picked: dict[str, dict[tuple, Run]] = {e: {} for e in experiments}
+    for d in sorted(dirs, key=lambda p: os.path.basename(os.path.normpath(p))):  # run ids start with the time
+        run = load_run(d)
+        exp = run.cfg("experiment.name")
+        if exp not in picked:
+            continue
+        if run.status != "completed" or run.problems:
+            left.append(f"{d}: incomplete ({'; '.join(run.problems) or run.status})")
+            continue
+        key = (repr(sorted(relevant_settings(run).items())), run.cfg("train.seed", 0))
+        if key in picked[exp]:
+            left.append(f"{picked[exp][key].path}: replaced by the newer run {d}")
+        picked[exp][key] = run
+    return {e: list(v.values()) for e, v in picked.items()}, left
+
+
+def _num(x) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return ""
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def run_row(exp: str, setting: str, run: Run, target: float | None) -> dict:
+    """One runs.csv row: what the run reached, what it sent and how long it took, totals and to target."""
+    tot, hit = run.totals(), run.first_hit(target)
+    params = (run.summary or {}).get("parameters")
+    gains = [g for g in run.column("gain") if math.isfinite(g)] if run.has_column("gain") else []
+    hist = (run.summary or {}).get("cf_histogram") or {}
+    return {
+        "experiment": exp, "setting": setting, "seed": run.cfg("train.seed", 0), "run": run.name,
+        "method": run.method, "compressor": run.compressor if run.method != "dense" else "none",
+        "cf": _num(run.cf), "epsilon": _num(run.cfg("method.epsilon")) if run.method == "gravac" else "",
+        "policy": run.cfg("method.policy") if run.method == "gravac" else "",
+        "steps": len(run.steps), "metric": run.metric, "final_metric": _num(run.final_metric()),
+        "best_metric": _num(run.best_metric()), "target": _num(target), "target_step": hit.step if hit else "",
+        "floats_sent": _num(tot.floats), "floats_to_target": _num(hit.floats) if hit else "",
+        "floats_vs_dense": _num(params * len(run.steps) / tot.floats) if params and tot.floats else "",
+        "model_s": _num(tot.model_s), "model_s_to_target": _num(hit.model_s) if hit else "",
+        "wall_s": _num(tot.wall_s), "wall_s_to_target": _num(hit.wall_s) if hit else "",
+        "run_wall_s": _num((run.summary or {}).get("wall_s")),
+        "mean_gain": _num(sum(gains) / len(gains)) if gains else "",
+        "cf_histogram": ";".join(f"{k}:{v}" for k, v in hist.items()),
+    }
+
+
+def curve_rows(exp: str, setting: str, run: Run, every: int) -> list[dict]:
+    """Every `every`-th step (bucket means of loss and CF, cumulative totals) plus each evaluation."""
+    loss, cf = run.column("loss"), run.column("cf")
+    floats, model, wall = (run.cumulative(k) for k in ("floats_sent", "step_model_s", "step_wall_s"))
+    evals = dict(zip(*(a.tolist() for a in run.eval_series())))
+    rows, seed = [], run.cfg("train.seed", 0)
+    for done in range(1, len(run.steps) + 1):
+        if done % every and done not in evals and done != len(run.steps):
+            continue
+        lo = max(0, done - every)
+        rows.append({"experiment": exp, "setting": setting, "seed": seed, "step": done,
+                     "loss": _num(float(loss[lo:done].mean())), "cf": _num(float(cf[lo:done].mean())),
+                     "floats_cum": _num(float(floats[done - 1])), "model_s_cum": _num(float(model[done - 1])),
+                     "wall_s_cum": _num(float(wall[done - 1])), "metric": _num(evals.get(done))})
+    return rows
+
+
+def copy_run(run: Run, dest: str) -> None:
+    """The run's small files as they are, and its per-step record gzipped (byte-stable: no mtime)."""
+    os.makedirs(dest)
+    for name in COPIED:
+        src = os.path.join(run.path, name)
+        if os.path.exists(src):
+            shutil.copyfile(src, os.path.join(dest, name))
+    with open(os.path.join(run.path, "steps.jsonl"), "rb") as f, \
+            open(os.path.join(dest, "steps.jsonl.gz"), "wb") as out:
+        with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=9, mtime=0, filename="") as gz:
+            shutil.copyfileobj(f, gz)
+
+
+def write_csv(path: str, rows: list[dict], columns: list[str]) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    with open(path, "w") as f:
+        f.write(buf.getvalue())
+
+
+def curate(exp: str, runs: list[Run], out: str, every: int) -> int:
+    """Copy one experiment's runs and write its runs.csv and curves.csv; returns the number copied."""
+    rows, curves = [], []
+    for ctx in build_contexts(runs):
+        for g in ctx.groups:
+            for run in g.runs:
+                name = f"{g.slug}-s{run.cfg('train.seed', 0)}"
+                copy_run(run, os.path.join(out, exp, "runs", name))
+                rows.append(run_row(exp, g.label, run, ctx.target))
+                curves += curve_rows(exp, g.label, run, every)
+    write_csv(os.path.join(out, exp, "runs.csv"), rows, RUN_COLUMNS)
+    write_csv(os.path.join(out, exp, "curves.csv"), curves, CURVE_COLUMNS)
+    return len(rows)
+
+
+def draw(folder: str, sources: list[str]) -> int:
+    """plots/paper.py on the curated copies, run inside `folder` so its index names relative paths."""
+    here = os.getcwd()
+    os.chdir(folder)
+    try:
+        return paper.main(sources + ["--out", "plots", "--formats", "png"])
+    finally:
+        os.chdir(here)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    experiments = [e for e in args.experiments.split(",") if e]
+    chosen, left = select(args.raw, experiments)
+    for why in left:
+        print(f"left out: {why}")
+    if not any(chosen.values()):
+        print(f"error: no completed run of {', '.join(experiments)} under {', '.join(args.raw)}; run the study "
+              "first (REPRODUCING.md)", file=sys.stderr)
+        return 2
+    out = os.path.normpath(args.out)
+    tmp = out + ".new"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    sources = []
+    for exp in experiments:
+        if chosen[exp]:
+            print(f"{exp}: {curate(exp, chosen[exp], tmp, args.every)} run(s)")
+            sources.append(os.path.join(exp, "runs"))
+        else:
+            print(f"{exp}: no completed run")
+    if args.bench and os.path.exists(args.bench):
+        shutil.copyfile(args.bench, os.path.join(tmp, "compress_bench.csv"))
+        sources.append("compress_bench.csv")
+    code = draw(tmp, sources)
+    if code:
+        print("error: plots/paper.py could not draw from the curated runs; the previous reference is kept",
+              file=sys.stderr)
+        return code
+    old = out + ".old"
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(out):
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+    print(f"reference written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

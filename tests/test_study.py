@@ -1,0 +1,168 @@
+"""The reproduction study: its presets and grid arms compose to what REPRODUCING.md says, and
+bench/reference.py curates raw runs into a reference that redraws itself."""
+from __future__ import annotations
+
+import csv
+import gzip
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import CONF, ROOT, compose
+from gravac.config import build_config
+from plots.load import load_run
+
+sys.path.insert(0, str(ROOT / "bench"))
+import reference  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tests"))
+from test_plots import make_fixture, write_run  # noqa: E402
+
+ARMS = sorted(f[:-5] for f in os.listdir(CONF / "arm") if f.endswith(".yaml"))
+# arm -> (method, compressor, static cf, epsilon, policy, cf_max)
+EXPECTED = {
+    "dense": ("dense", None, None, None, None, None),
+    **{f"{c}{cf}": ("static", c, cf, None, None, None) for c in ("topk", "dgc", "redsync", "randomk") for cf in (10, 1000)},
+    "accordion_randomk": ("accordion", "randomk", None, None, None, None),
+    "accordion_topk": ("accordion", "topk", None, None, None, None),
+    "gravac03": ("gravac", "dgc", None, 0.3, "exponential", 1000),
+    "gravac07": ("gravac", "dgc", None, 0.7, "exponential", 1000),
+    "gravac09": ("gravac", "dgc", None, 0.9, "exponential", 1000),
+    "gravac_redsync_geo": ("gravac", "redsync", None, 0.7, "geometric", 2000),
+}
+
+
+def test_every_arm_is_known():
+    assert ARMS == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("exp", ["mini_vgg", "mini_resnet", "mini_lstm"])
+@pytest.mark.parametrize("arm", ARMS)
+def test_arm_sets_method_and_keeps_the_family(exp, arm):
+    base = build_config(compose([f"experiment={exp}"]))
+    run = build_config(compose([f"experiment={exp}", f"arm={arm}"]))
+    method, comp, cf, eps, policy, cf_max = EXPECTED[arm]
+    assert run.method.name == method
+    if comp:
+        assert run.compressor.name == comp
+    if cf:
+        assert run.compressor.cf == cf
+    if eps is not None:
+        assert (run.method.epsilon, run.method.policy, run.method.cf_max) == (eps, policy, cf_max)
+    if method == "accordion":
+        assert (run.method.cf_low, run.method.cf_high, run.method.eta) == (1.5, 1000, 0.5)
+    # the family's scale wins over the method presets' paper values (window 500, switch_freq 10)
+    assert (run.method.window, run.method.switch_freq) == (base.method.window, base.method.switch_freq) == (100, 1)
+    assert (run.model, run.dataset, run.train, run.cluster, run.network) == \
+        (base.model, base.dataset, base.train, base.cluster, base.network)
+
+
+def test_study_families():
+    vgg, res, lstm = (build_config(compose([f"experiment={e}"])) for e in ("mini_vgg", "mini_resnet", "mini_lstm"))
+    assert (vgg.model.name, vgg.dataset.name, vgg.network.bandwidth_gbps) == ("vgg_mini", "cifar10", 1.0)
+    assert (res.model.name, res.model.blocks, res.dataset.name, res.network.bandwidth_gbps) == \
+        ("resnet_mini", 1, "cifar10", 0.1)
+    assert (lstm.model.name, lstm.model.tie_weights, lstm.dataset.name, lstm.train.target_metric) == \
+        ("lstm_mini", True, "ptb", "perplexity")
+    for r in (vgg, res, lstm):
+        assert r.cluster.backend == "sim" and r.cluster.workers >= 8 and r.train.target > 0
+        assert r.network.comm_ratio == 0  # a fixed bandwidth: every run of a grid sees the same network
+
+
+@pytest.mark.parametrize("model,dataset", [("resnet101", "cifar10"), ("vgg16", "cifar100"), ("lstm", "ptb")])
+def test_paper_scale_presets(model, dataset):
+    run = build_config(compose([f"experiment=paper_{model}", "arm=gravac07"]))
+    assert (run.model.name, run.dataset.name) == (model, dataset)
+    assert (run.cluster.backend, run.cluster.device, run.cluster.workers) == ("ddp", "cuda", 32)
+    assert run.network.enabled is False and run.method.window == 500  # the paper's window
+    assert run.train.target == {"resnet101": 0.8, "vgg16": 0.9, "lstm": 22.0}[model]
+
+
+# ------------------------------------------------------------------------------------------------
+# bench/reference.py
+
+
+def _study_fixture(tmp_path: Path) -> Path:
+    """test_plots' runs, plus an older duplicate of Dense and a run that was killed."""
+    runs = make_fixture(tmp_path)
+    exp = runs / "fixture"
+    os.rename(exp / "dense", exp / "z-dense-newer")  # run ids sort by time: this one is the newer
+    write_run(exp, "a-dense-older", "dense", "none", 100.0, [1000.0] * 10, [.1, .1, .1, .1, .1], 1.0, 0.5)
+    write_run(exp, "killed", "static", "dgc", 10.0, [100.0] * 10, [.1, .2, .3, .4, .5], 0.5, 0.4, summary=False)
+    return runs
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_reference_curates_runs_and_redraws_from_the_copies(tmp_path, capsys):
+    runs = _study_fixture(tmp_path)
+    bench = tmp_path / "bench.csv"
+    bench.write_text("model,compressor,cf,mode,median_s\nresnet101,topk,1000,direct,0.02\n"
+                     "resnet101,topk,1000,multilevel,0.0125\n")
+    out = tmp_path / "reference"
+    assert reference.main([str(runs), "--out", str(out), "--experiments", "fixture", "--bench", str(bench),
+                           "--every", "3"]) == 0
+    said = capsys.readouterr().out
+    assert "a-dense-older: replaced by the newer run" in said and "killed: incomplete" in said
+
+    names = sorted(os.listdir(out / "fixture" / "runs"))
+    assert names == ["accordion-randomk-1.5x-1000x-s0", "dense-s0", "gravac-eps0.7-dgc-s0", "top-k-100x-s0",
+                     "top-k-10x-s0", "top-k-10x-s1"]
+    dense = out / "fixture" / "runs" / "dense-s0"
+    assert sorted(os.listdir(dense)) == ["config.yaml", "evals.jsonl", "steps.jsonl.gz", "summary.json"]
+    raw = runs / "fixture" / "z-dense-newer" / "steps.jsonl"
+    assert gzip.decompress((dense / "steps.jsonl.gz").read_bytes()) == raw.read_bytes()
+    copy, orig = load_run(str(dense)), load_run(str(raw.parent))
+    assert not copy.problems and list(copy.cumulative("floats_sent")) == list(orig.cumulative("floats_sent"))
+
+    rows = {(r["setting"], r["seed"]): r for r in _rows(out / "fixture" / "runs.csv")}
+    assert len(rows) == 6
+    d, g = rows[("Dense", "0")], rows[("GraVAC ε=0.7 (dgc)", "0")]
+    assert (d["target_step"], float(d["floats_to_target"]), float(d["floats_sent"])) == ("6", 6000, 10000)
+    assert (g["target_step"], float(g["floats_to_target"]), float(g["floats_vs_dense"])) == ("6", 420, pytest.approx(10000 / 460, rel=1e-5))
+    assert rows[("Top-k 100x", "0")]["target_step"] == ""  # never reached
+    assert float(rows[("Top-k 10x", "1")]["mean_gain"]) == pytest.approx(0.82 - 0.045)
+
+    curve = [r for r in _rows(out / "fixture" / "curves.csv") if r["setting"] == "GraVAC ε=0.7 (dgc)"]
+    # every 3rd step, every evaluation (2, 4, ...) and the last step
+    assert [int(r["step"]) for r in curve] == [2, 3, 4, 6, 8, 9, 10]
+    at6 = next(r for r in curve if r["step"] == "6")
+    assert (float(at6["floats_cum"]), float(at6["metric"])) == (420, 0.6)
+
+    index = (out / "plots" / "README.md").read_text()
+    assert "fixture/runs" in index and str(tmp_path) not in index  # drawn from the copies, paths relative
+    for stem in ("floats_cumulative.png", "comm_savings.csv", "static_compression.csv", "multilevel.csv"):
+        assert (out / "plots" / stem).exists(), stem
+    assert not (tmp_path / "reference.new").exists() and not (tmp_path / "reference.old").exists()
+
+
+def test_reference_is_replaced_whole_and_kept_on_failure(tmp_path, capsys):
+    runs = _study_fixture(tmp_path)
+    out = tmp_path / "reference"
+    assert reference.main([str(runs), "--out", str(out), "--experiments", "fixture", "--bench", ""]) == 0
+    (out / "stale.txt").write_text("from an earlier study")
+    assert reference.main([str(runs), "--out", str(out), "--experiments", "fixture", "--bench", ""]) == 0
+    assert not (out / "stale.txt").exists()
+    before = sorted(p.name for p in out.rglob("*"))
+    assert reference.main([str(tmp_path / "nothing"), "--out", str(out), "--experiments", "fixture"]) == 2
+    assert "no completed run of fixture" in capsys.readouterr().err
+    assert sorted(p.name for p in out.rglob("*")) == before
+
+
+def test_gzipped_steps_read_like_plain(tmp_path):
+    runs = make_fixture(tmp_path)
+    d = runs / "fixture" / "gravac"
+    plain = load_run(str(d))
+    (d / "steps.jsonl.gz").write_bytes(gzip.compress((d / "steps.jsonl").read_bytes()))
+    (d / "steps.jsonl").unlink()
+    zipped = load_run(str(d))
+    assert zipped.steps == plain.steps and not zipped.problems
+    whole = (d / "steps.jsonl.gz").read_bytes()
+    (d / "steps.jsonl.gz").write_bytes(whole[: len(whole) // 2])  # a copy cut short
+    cut = load_run(str(d))
+    assert cut.problems and len(cut.steps) < len(plain.steps)
