@@ -7,7 +7,8 @@ For each study experiment, every completed run under RAW (default results/runs) 
 OUT/<experiment>/runs/<setting>-s<seed>/ with its config.yaml, command.txt, summary.json,
 evals.jsonl and its full per-step record gzipped (steps.jsonl.gz: cumulative sums stay exact).
 OUT/<experiment>/runs.csv gets one row per run, OUT/<experiment>/curves.csv every run downsampled
-to every --every steps plus its evaluations. Then plots/paper.py draws the figures and tables from
+to every --every steps plus its evaluations, and OUT/summary.md one table per experiment (settings
+averaged over seeds; the numbers REPRODUCING.md quotes). Then plots/paper.py draws the figures and tables from
 the curated copies (not the raw runs) into OUT/plots/, so what is committed redraws itself.
 Incomplete runs and older duplicates of a setting and seed are listed and left out. OUT is
 replaced in one rename at the end: an interrupted call leaves the previous reference intact.
@@ -21,6 +22,7 @@ import io
 import math
 import os
 import shutil
+import statistics
 import sys
 from pathlib import Path
 
@@ -29,6 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from plots import paper  # noqa: E402
+from plots.labels import fmt_metric, fmt_num  # noqa: E402
 from plots.load import Run, build_contexts, find_runs, load_run, relevant_settings  # noqa: E402
 
 STUDY = ("mini_vgg", "mini_resnet", "mini_lstm")
@@ -139,8 +142,50 @@ def write_csv(path: str, rows: list[dict], columns: list[str]) -> None:
         f.write(buf.getvalue())
 
 
-def curate(exp: str, runs: list[Run], out: str, every: int) -> int:
-    """Copy one experiment's runs and write its runs.csv and curves.csv; returns the number copied."""
+SUMMARY_HEADER = ["setting", "seeds", "final", "best", "target at step", "floats sent", "fewer floats than dense",
+                  "floats to target", "modelled s to target", "speedup vs Top-k 10x", "Σ step wall s", "run wall s"]
+
+
+def _mean(rows: list[dict], key: str) -> tuple[float, float, int]:
+    """Mean, sample sd (nan for one value) and count of a column over the rows where it is set."""
+    v = [float(r[key]) for r in rows if r[key] != ""]
+    if not v:
+        return math.nan, math.nan, 0
+    return statistics.mean(v), (statistics.stdev(v) if len(v) > 1 else math.nan), len(v)
+
+
+def _cell(rows: list[dict], key: str, fmt) -> str:
+    m, sd, n = _mean(rows, key)
+    if n == 0:
+        return "not reached" if key.endswith("to_target") or key == "target_step" else "—"
+    text = fmt(m) + (f" ± {fmt(sd)}" if math.isfinite(sd) else "")
+    return text + (f" ({n}/{len(rows)} reached)" if key.endswith("to_target") and n < len(rows) else "")
+
+
+def summary_table(exp: str, rows: list[dict]) -> str:
+    """Markdown: one line per setting, mean ± sd over its seeds; speedups are ratios of means."""
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    by = {s: [r for r in rows if r["setting"] == s] for s in settings}
+    metric = rows[0]["metric"]
+    ref = _mean(by.get("Top-k 10x", []), "model_s_to_target")[0] if "Top-k 10x" in by else math.nan
+    lines = [f"### {exp} (metric {metric}, target {fmt_metric(float(rows[0]['target'] or 'nan'), metric)})", "",
+             "| " + " | ".join(SUMMARY_HEADER) + " |", "|" + "---|" * len(SUMMARY_HEADER)]
+    pct = (lambda x: fmt_metric(x, metric))
+    for s in settings:
+        rs = by[s]
+        t = _mean(rs, "model_s_to_target")[0]
+        speed = fmt_num(ref / t) + "x" if math.isfinite(ref) and math.isfinite(t) else "—"
+        cells = [s, str(len(rs)), _cell(rs, "final_metric", pct), _cell(rs, "best_metric", pct),
+                 _cell(rs, "target_step", lambda x: f"{x:.0f}"), _cell(rs, "floats_sent", fmt_num),
+                 _cell(rs, "floats_vs_dense", lambda x: fmt_num(x) + "x"), _cell(rs, "floats_to_target", fmt_num),
+                 _cell(rs, "model_s_to_target", fmt_num), speed, _cell(rs, "wall_s", fmt_num),
+                 _cell(rs, "run_wall_s", fmt_num)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def curate(exp: str, runs: list[Run], out: str, every: int) -> list[dict]:
+    """Copy one experiment's runs and write its runs.csv and curves.csv; returns the runs.csv rows."""
     rows, curves = [], []
     for ctx in build_contexts(runs):
         for g in ctx.groups:
@@ -151,7 +196,7 @@ def curate(exp: str, runs: list[Run], out: str, every: int) -> int:
                 curves += curve_rows(exp, g.label, run, every)
     write_csv(os.path.join(out, exp, "runs.csv"), rows, RUN_COLUMNS)
     write_csv(os.path.join(out, exp, "curves.csv"), curves, CURVE_COLUMNS)
-    return len(rows)
+    return rows
 
 
 def draw(folder: str, sources: list[str]) -> int:
@@ -178,13 +223,22 @@ def main(argv=None) -> int:
     tmp = out + ".new"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    sources = []
+    sources, tables = [], []
     for exp in experiments:
         if chosen[exp]:
-            print(f"{exp}: {curate(exp, chosen[exp], tmp, args.every)} run(s)")
+            rows = curate(exp, chosen[exp], tmp, args.every)
+            print(f"{exp}: {len(rows)} run(s)")
             sources.append(os.path.join(exp, "runs"))
+            tables.append(summary_table(exp, rows))
         else:
             print(f"{exp}: no completed run")
+    with open(os.path.join(tmp, "summary.md"), "w") as f:
+        f.write("# Study summary\n\nMade by `python bench/reference.py` from the runs in this folder. Per setting: "
+                "mean ± sample sd over seeds. Floats are per worker; 'to target' is at the first evaluation "
+                "reaching the target; modelled s = Σ (compute + compression + alpha-beta communication) with "
+                "each experiment's network; speedup vs Top-k 10x = its modelled s to target / this setting's; "
+                "run wall s includes start-up and evaluation, with two runs sharing the 2 cores.\n\n"
+                + "\n".join(tables))
     if args.bench and os.path.exists(args.bench):
         shutil.copyfile(args.bench, os.path.join(tmp, "compress_bench.csv"))
         sources.append("compress_bench.csv")

@@ -134,6 +134,13 @@ def test_reference_curates_runs_and_redraws_from_the_copies(tmp_path, capsys):
     at6 = next(r for r in curve if r["step"] == "6")
     assert (float(at6["floats_cum"]), float(at6["metric"])) == (420, 0.6)
 
+    summary = (out / "summary.md").read_text()
+    line = {ln.split(" | ")[0].strip("| "): ln.split(" | ") for ln in summary.splitlines() if ln.startswith("| ")}
+    # Top-k 10x: to target after 8 and 6 steps at 0.5 modelled s/step = 3.5 s on average; GraVAC 6 x 0.6 s
+    assert line["Top-k 10x"][1] == "2" and line["Top-k 10x"][8] == "3.5 ± 0.707" and line["Top-k 10x"][9] == "1x"
+    assert line["GraVAC ε=0.7 (dgc)"][9] == f"{3.5 / 3.6:.3g}x" and line["Dense"][9] == f"{3.5 / 6:.3g}x"
+    assert line["Top-k 100x"][8] == "not reached" and line["Top-k 100x"][9] == "—"
+
     index = (out / "plots" / "README.md").read_text()
     assert "fixture/runs" in index and str(tmp_path) not in index  # drawn from the copies, paths relative
     for stem in ("floats_cumulative.png", "comm_savings.csv", "static_compression.csv", "multilevel.csv"):
