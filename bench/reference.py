@@ -32,7 +32,8 @@ if str(ROOT) not in sys.path:
 
 from plots import paper  # noqa: E402
 from plots.labels import fmt_metric, fmt_num  # noqa: E402
-from plots.load import Run, build_contexts, find_runs, load_run, relevant_settings  # noqa: E402
+from plots.load import Context, Run, build_contexts, find_runs, load_run, relevant_settings  # noqa: E402
+from plots.tables import ratio, ratio_cell, to_target  # noqa: E402
 
 STUDY = ("mini_vgg", "mini_resnet", "mini_lstm")
 COPIED = ("config.yaml", "command.txt", "summary.json", "evals.jsonl")
@@ -146,48 +147,43 @@ SUMMARY_HEADER = ["setting", "seeds", "final", "best", "target at step", "floats
                   "floats to target", "modelled s to target", "speedup vs Top-k 10x", "Σ step wall s", "run wall s"]
 
 
-def _mean(rows: list[dict], key: str) -> tuple[float, float, int]:
-    """Mean, sample sd (nan for one value) and count of a column over the rows where it is set."""
-    v = [float(r[key]) for r in rows if r[key] != ""]
+def _spread(values: list[float], fmt) -> str:
+    """Mean (± sample sd when there are several) of a per-run quantity; "—" when none is finite."""
+    v = [x for x in values if x is not None and math.isfinite(x)]
     if not v:
-        return math.nan, math.nan, 0
-    return statistics.mean(v), (statistics.stdev(v) if len(v) > 1 else math.nan), len(v)
+        return "—"
+    return fmt(statistics.mean(v)) + (f" ± {fmt(statistics.stdev(v))}" if len(v) > 1 else "")
 
 
-def _cell(rows: list[dict], key: str, fmt) -> str:
-    m, sd, n = _mean(rows, key)
-    if n == 0:
-        return "not reached" if key.endswith("to_target") or key == "target_step" else "—"
-    text = fmt(m) + (f" ± {fmt(sd)}" if math.isfinite(sd) else "")
-    return text + (f" ({n}/{len(rows)} reached)" if key.endswith("to_target") and n < len(rows) else "")
-
-
-def summary_table(exp: str, rows: list[dict]) -> str:
-    """Markdown: one line per setting, mean ± sd over its seeds; speedups are ratios of means."""
-    settings = list(dict.fromkeys(r["setting"] for r in rows))
-    by = {s: [r for r in rows if r["setting"] == s] for s in settings}
-    metric = rows[0]["metric"]
-    ref = _mean(by.get("Top-k 10x", []), "model_s_to_target")[0] if "Top-k 10x" in by else math.nan
-    lines = [f"### {exp} (metric {metric}, target {fmt_metric(float(rows[0]['target'] or 'nan'), metric)})", "",
+def summary_table(exp: str, ctx: Context) -> str:
+    """Markdown: one line per setting, mean ± sd over its seeds. The to-target cells and the
+    speedup are plots/tables.py's (the Table 2 definitions), so the two cannot disagree."""
+    pct = (lambda x: fmt_metric(x, ctx.metric))
+    ref = ctx.find("Top-k 10x")
+    ref_t = to_target(ref, ctx.target) if ref else None
+    target = fmt_metric(ctx.target, ctx.metric) if ctx.target is not None else "none"
+    lines = [f"### {exp} (metric {ctx.metric}, target {target})", "",
              "| " + " | ".join(SUMMARY_HEADER) + " |", "|" + "---|" * len(SUMMARY_HEADER)]
-    pct = (lambda x: fmt_metric(x, metric))
-    for s in settings:
-        rs = by[s]
-        t = _mean(rs, "model_s_to_target")[0]
-        speed = fmt_num(ref / t) + "x" if math.isfinite(ref) and math.isfinite(t) else "—"
-        cells = [s, str(len(rs)), _cell(rs, "final_metric", pct), _cell(rs, "best_metric", pct),
-                 _cell(rs, "target_step", lambda x: f"{x:.0f}"), _cell(rs, "floats_sent", fmt_num),
-                 _cell(rs, "floats_vs_dense", lambda x: fmt_num(x) + "x"), _cell(rs, "floats_to_target", fmt_num),
-                 _cell(rs, "model_s_to_target", fmt_num), speed, _cell(rs, "wall_s", fmt_num),
-                 _cell(rs, "run_wall_s", fmt_num)]
+    for g in ctx.groups:
+        t = to_target(g, ctx.target)
+        totals = [r.totals() for r in g.runs]
+        vs_dense = [(r.summary or {}).get("parameters", math.nan) * len(r.steps) / tot.floats
+                    for r, tot in zip(g.runs, totals) if tot is not None and tot.floats > 0]
+        speed = ratio_cell(*ratio(ref_t, t, "model_s")[:2]) if ref_t else "—"
+        cells = [g.label, str(g.n), _spread([r.final_metric() for r in g.runs], pct),
+                 _spread([r.best_metric() for r in g.runs], pct), t.cell("step"),
+                 _spread([x.floats for x in totals if x], fmt_num), _spread(vs_dense, lambda x: fmt_num(x) + "x"),
+                 t.cell("floats"), t.cell("model_s"), speed, _spread([x.wall_s for x in totals if x], fmt_num),
+                 _spread([(r.summary or {}).get("wall_s") for r in g.runs], fmt_num)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def curate(exp: str, runs: list[Run], out: str, every: int) -> list[dict]:
-    """Copy one experiment's runs and write its runs.csv and curves.csv; returns the runs.csv rows."""
-    rows, curves = [], []
+def curate(exp: str, runs: list[Run], out: str, every: int) -> tuple[list[dict], str]:
+    """Copy one experiment's runs, write its runs.csv and curves.csv; returns the rows and its summary."""
+    rows, curves, summary = [], [], []
     for ctx in build_contexts(runs):
+        summary.append(summary_table(exp, ctx))
         for g in ctx.groups:
             for run in g.runs:
                 name = f"{g.slug}-s{run.cfg('train.seed', 0)}"
@@ -196,7 +192,7 @@ def curate(exp: str, runs: list[Run], out: str, every: int) -> list[dict]:
                 curves += curve_rows(exp, g.label, run, every)
     write_csv(os.path.join(out, exp, "runs.csv"), rows, RUN_COLUMNS)
     write_csv(os.path.join(out, exp, "curves.csv"), curves, CURVE_COLUMNS)
-    return rows
+    return rows, "\n".join(summary)
 
 
 def draw(folder: str, sources: list[str]) -> int:
@@ -226,10 +222,10 @@ def main(argv=None) -> int:
     sources, tables = [], []
     for exp in experiments:
         if chosen[exp]:
-            rows = curate(exp, chosen[exp], tmp, args.every)
+            rows, summary = curate(exp, chosen[exp], tmp, args.every)
             print(f"{exp}: {len(rows)} run(s)")
             sources.append(os.path.join(exp, "runs"))
-            tables.append(summary_table(exp, rows))
+            tables.append(summary)
         else:
             print(f"{exp}: no completed run")
     with open(os.path.join(tmp, "summary.md"), "w") as f:
