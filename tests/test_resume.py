@@ -16,8 +16,12 @@ from conftest import ROOT, run_cli
 ARGS = ["train.steps=24", "train.eval_every=8", "train.checkpoint_every=4", "logger.progress=false",
         "dataset.image_size=8", "dataset.train_size=512", "dataset.test_size=128", "model.width=4",
         "cluster.workers=2", "cluster.threads=1", "train.batch_size=8"]
+# omega=0: GraVAC's settle rule compares measured throughputs (T_compression) within omega, so two
+# separate runs may settle differently by timing alone; with omega 0 every decision follows the
+# gains, which are deterministic, and an interrupted run can be compared exactly with an
+# uninterrupted one.
 GRAVAC = ["method=gravac", "compressor=topk", "method.window=3", "method.cf_min=4", "method.cf_max=64",
-          "method.epsilon=0.3"]
+          "method.epsilon=0.3", "method.omega=0"]
 
 
 def _records(run: Path, name: str) -> list[dict]:
@@ -121,7 +125,8 @@ def test_lm_run_extended_from_its_final_checkpoint_equals_a_longer_run(tmp_path)
     data_dir("ptb")
     lm = ["model=lstm_mini", "model.embed_size=32", "model.hidden_size=32", "dataset.bptt=10", "train.eval_every=5",
           "train.checkpoint_every=5", "cluster.workers=2", "cluster.threads=1", "logger.progress=false",
-          "method=gravac", "compressor=topk", "method.window=4", "method.epsilon=0.2"]
+          "method=gravac", "compressor=topk", "method.window=4", "method.epsilon=0.2",
+          "method.omega=0"]  # decisions by gains only (see GRAVAC)
     ref = run_cli([*lm, "train.steps=16", f"experiment.results_root={tmp_path / 'ref'}"])
     assert ref.returncode == 0, ref.stderr[-2000:]
     short = run_cli([*lm, "train.steps=8", f"experiment.results_root={tmp_path / 'ext'}"])
