@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
+import io
 import statistics
 import sys
 import time
@@ -32,12 +32,18 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from compressors import COMPRESSORS, Compressor, build_compressor, target_k  # noqa: E402
+from gravac.results import atomic_write  # noqa: E402
 
 SIZES = {"resnet101": 44_549_160, "vgg16": 138_357_544, "lstm": 66_034_000}
 QUICK_NUMEL = 1_000_000
-COLUMNS = ["kind", "dist", "size", "numel", "compressor", "cf", "threads", "runs", "median_s", "pass_s", "passes",
+COLUMNS = ["kind", "dist", "size", "numel", "compressor", "label", "cf", "threads", "runs", "median_s", "pass_s", "passes",
            "torch_topk_s", "speedup_vs_torch_topk", "same_set_as_torch", "nnz", "wire_bytes",
            "direct_s", "multilevel_s", "multilevel_speedup", "direct_high_s", "recompress_s", "recompress_speedup"]
+
+
+def _label(name: str) -> str:
+    """Display name of a compressor for the CSV (plots read it from there)."""
+    return COMPRESSORS[name].label if name in COMPRESSORS else name
 
 
 class TorchTopK(Compressor):
@@ -134,8 +140,8 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
             for name, c in comps.items():
                 med = s.median(f"{name}/{cf}")
                 p = c.compress(x, cf, seed=1)
-                row = dict(base, kind="compress", compressor=name, cf=cf, runs=s.runs(f"{name}/{cf}"),
-                           median_s=med, pass_s=pass_s, passes=med / pass_s, nnz=p.nnz, wire_bytes=p.wire_bytes())
+                row = dict(base, kind="compress", compressor=name, label=_label(name), cf=cf,
+                           runs=s.runs(f"{name}/{cf}"), median_s=med, pass_s=pass_s, passes=med / pass_s, nnz=p.nnz, wire_bytes=p.wire_bytes())
                 if name == "topk":
                     tt = s.median(f"torch.topk/{cf}")
                     row.update(torch_topk_s=tt, speedup_vs_torch_topk=tt / med,
@@ -147,8 +153,8 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
                 d, m = s.median(f"{name}/direct"), s.median(f"{name}/multi")
                 h, r = s.median(f"{name}/high"), s.median(f"{name}/re")
                 q = c.recompress(c.compress(x, lo, seed=1), hi / lo, seed=2)
-                rows.append(dict(base, kind="multilevel", compressor=name, cf=hi, runs=s.runs(f"{name}/multi"),
-                                 median_s=m, pass_s=pass_s, passes=m / pass_s, nnz=q.nnz, wire_bytes=q.wire_bytes(),
+                rows.append(dict(base, kind="multilevel", compressor=name, label=_label(name), cf=hi,
+                                 runs=s.runs(f"{name}/multi"), median_s=m, pass_s=pass_s, passes=m / pass_s, nnz=q.nnz, wire_bytes=q.wire_bytes(),
                                  direct_s=d, multilevel_s=m, multilevel_speedup=d / m, direct_high_s=h,
                                  recompress_s=r, recompress_speedup=h / r))
         del x
@@ -181,15 +187,14 @@ def print_tables(rows: list[dict], threads: int, lo: float, hi: float) -> None:
 
 
 def write_csv(rows: list[dict], out: Path) -> None:
-    """Write rows atomically: a temporary file in the same folder, then os.replace."""
+    """Write rows atomically (gravac.results.atomic_write)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k, "")) for k in COLUMNS})
-    os.replace(tmp, out)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k, "")) for k in COLUMNS})
+    atomic_write(str(out), buf.getvalue())
 
 
 def parse_args(argv):
@@ -197,7 +202,7 @@ def parse_args(argv):
     ap.add_argument("--sizes", default="resnet101,vgg16,lstm", help=f"comma list of {', '.join(SIZES)}")
     ap.add_argument("--numel", default=None, help="comma list of element counts (instead of --sizes)")
     ap.add_argument("--cfs", default="10,100,1000", help="compression factors")
-    ap.add_argument("--compressors", default=",".join(COMPRESSORS), help="comma list of compressors")
+    ap.add_argument("--compressors", default=",".join(COMPRESSORS.names()), help="comma list of compressors")
     ap.add_argument("--dists", default="heavy,normal", help="heavy (randn*exp(randn), all compressors) and/or normal (Top-k only)")
     ap.add_argument("--multilevel", default="10,1000", help="low,high CF of the multi-level comparison")
     ap.add_argument("--no-reference", dest="reference", action="store_false",

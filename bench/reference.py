@@ -32,7 +32,8 @@ if str(ROOT) not in sys.path:
 
 from plots import paper  # noqa: E402
 from plots.labels import fmt_metric, fmt_num  # noqa: E402
-from plots.load import Context, Run, build_contexts, find_runs, load_run, relevant_settings  # noqa: E402
+from plots.load import Run, find_runs, load_run  # noqa: E402
+from plots.settings import Context, build_contexts, relevant_settings  # noqa: E402
 from plots.tables import ratio, ratio_cell, to_target  # noqa: E402
 
 STUDY = ("mini_vgg", "mini_resnet", "mini_lstm")

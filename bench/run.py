@@ -12,7 +12,8 @@ sys.path.insert(0, ROOT)  # run from a plain checkout too, not only after `pip i
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from gravac.config import ConfigError, build_config, check_overrides, register_base  # noqa: E402
+from gravac.config import (ConfigError, build_config, check_composition, check_overrides, help_text,  # noqa: E402
+                           register_base)
 from gravac.errors import Interrupted, UserError  # noqa: E402
 
 CONF_DIR = os.path.join(ROOT, "conf")
@@ -29,7 +30,7 @@ def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     sweep = hc.mode == RunMode.MULTIRUN
     try:
-        run_cfg = build_config(cfg)
+        run_cfg = build_config(cfg, overrides=list(hc.overrides.task))
         from gravac.launch import launch
         launch(run_cfg, overrides=list(hc.overrides.task))
         return
@@ -47,12 +48,17 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        print(help_text(CONF_DIR))
+        sys.exit(0)
     try:
         check_overrides(sys.argv[1:], CONF_DIR)
+        register_base()
+        if not any(a in ("--hydra-help", "--info") or a.startswith("--cfg") for a in sys.argv[1:]):
+            check_composition(sys.argv[1:], CONF_DIR)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    register_base()
     main()
     if FAILED:
         print(f"error: {len(FAILED)} job(s) of the sweep failed: " + "; ".join(FAILED), file=sys.stderr)

@@ -6,15 +6,17 @@ device they arrive on, randomness comes from a CPU ``torch.Generator`` seeded by
 """
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from .arrays import NONFINITE, native, native_like, to_tensor
+from .registry import Registry, option
 
 #: Bytes for the element count sent in front of a sparse payload.
 COUNT_BYTES = 8
@@ -47,10 +49,6 @@ class Payload:
     def nnz(self) -> int:
         """Number of values sent (the paper's "floats sent")."""
         return self.values.numel()
-
-    @property
-    def is_dense(self) -> bool:
-        return self.indices is None
 
     def index_bytes(self) -> int:
         """Bytes per index on the wire: int32 when every position fits, else int64."""
@@ -119,6 +117,21 @@ def generator(seed: int, *salt: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(mix_seed(seed, *salt))
 
 
+@dataclass
+class CompressorCfg:
+    """Options every compressor has; a compressor's own options subclass this (see registry.py)."""
+    name: str = "none"
+    cf: float = option(100.0, check=lambda v: v >= 1, valid=">= 1 (CF = dense size / sent size)")
+    granularity: str = option("layer", choices=("layer", "flat"))   # per parameter tensor | one flat tensor
+    error_feedback: bool = True
+
+
+#: Every compressor, by name: its class and its config dataclass (see registry.py).
+COMPRESSORS = Registry("compressor", CompressorCfg)
+#: compressor.name of a run that compresses nothing (method=dense): not a registered compressor.
+NO_COMPRESSOR = "none"
+
+
 class Compressor(ABC):
     """Compress a flat gradient at a compression factor (CF = dense size / elements sent).
 
@@ -137,6 +150,30 @@ class Compressor(ABC):
     def shared(self) -> bool:
         """True when the selected positions depend only on the seed (same on every worker)."""
         return False
+
+    @property
+    def per_rank_seed(self) -> bool:
+        """True when each worker must draw its own randomness (independent Random-k); otherwise
+        every worker gets the same seed each step (e.g. DGC's threshold sample agrees)."""
+        return False
+
+    # --- what a config means for this compressor (overridden where a compressor needs more) ---
+    @classmethod
+    def from_config(cls, cfg: CompressorCfg) -> "Compressor":
+        """The compressor for `cfg`: its fields that are constructor keywords are passed on."""
+        params = inspect.signature(cls.__init__).parameters
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name in params})
+
+    @classmethod
+    def memory_momentum(cls, cfg: CompressorCfg, momentum: float) -> float:
+        """Momentum the error-feedback memory takes over from the optimizer (DGC's momentum
+        correction); 0 leaves momentum to the optimizer."""
+        return 0.0
+
+    @classmethod
+    def scheduled_cf(cls, cfg: CompressorCfg, cf: float, epoch: float) -> float:
+        """The CF to use at `epoch` when the configured CF is `cf` (DGC's sparsity warm-up)."""
+        return cf
 
     def compress(self, x: Tensor, cf: float, *, seed: int = 0) -> Payload:
         return self.compress_checked(x, cf, seed=seed, check=self.check_finite)

@@ -17,11 +17,12 @@ Momentum correction (the other half of DGC) lives in :class:`ErrorFeedback` (``m
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from torch import Tensor
 
-from .arrays import above, kth_largest, native, ops, sample_abs, top_positions
-from .base import Compressor, generator
+from .arrays import above, kth_largest, ops, sample_abs, top_positions
+from .base import COMPRESSORS, Compressor, CompressorCfg, generator
+from .registry import option
 from .topk import keep_top, topk_select
 
 
@@ -43,10 +44,29 @@ def dgc_warmup_cf(cf: float, epoch: float, warmup_epochs: float, *, factor: floa
     return min(float(cf), float(factor) ** (e + 1))
 
 
+@dataclass
+class DGCCfg(CompressorCfg):
+    """sample_ratio: share of |g| sampled for the threshold; momentum_correction: the momentum
+    moves from the optimizer into the error-feedback memory (DGC's u, v); warmup_epochs: DGC's
+    exponential sparsity warm-up (CF 4, 16, 64, ... capped at cf) over that many epochs."""
+    sample_ratio: float = option(0.01, check=lambda v: 0 < v <= 1, valid="in (0, 1]")
+    momentum_correction: bool = False
+    warmup_epochs: float = option(0.0, check=lambda v: v >= 0, valid=">= 0")
+
+
+@COMPRESSORS.register("dgc", DGCCfg, label="DGC", order=2, doc="Deep Gradient Compression: sampled threshold, adjusted to about k")
 class DGC(Compressor):
     """DGC threshold selection: nnz in [down·k, k] (see module docstring)."""
 
     name = "dgc"
+
+    @classmethod
+    def memory_momentum(cls, cfg: DGCCfg, momentum: float) -> float:
+        return momentum if cfg.momentum_correction else 0.0
+
+    @classmethod
+    def scheduled_cf(cls, cfg: DGCCfg, cf: float, epoch: float) -> float:
+        return dgc_warmup_cf(cf, epoch, cfg.warmup_epochs) if cfg.warmup_epochs > 0 else cf
 
     def __init__(self, *, sample_ratio: float = 0.01, min_samples: int = 256, up: float = 1.3,
                  down: float = 0.7, max_adjust: int = 10, check_finite: bool = True) -> None:
@@ -59,11 +79,8 @@ class DGC(Compressor):
         self.down = float(down)
         self.max_adjust = int(max_adjust)
 
-    def initial_threshold(self, x: Tensor, cf: float, seed: int) -> float:
-        """Minimum of the top ceil(s / cf) of a random sample of s = sample_ratio·n values of |x|."""
-        return self._threshold(native(x), cf, seed)
-
     def _threshold(self, a, cf: float, seed: int) -> float:
+        """Minimum of the top ceil(s / cf) of a random sample of s = sample_ratio·n values of |a|."""
         s = max(self.min_samples, int(a.shape[0] * self.sample_ratio))
         sv = sample_abs(a, s, generator(seed, 0xD6C))
         return kth_largest(sv, max(1, math.ceil(sv.shape[0] / cf)))[0]

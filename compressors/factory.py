@@ -1,21 +1,14 @@
-"""build_compressor: compressors by name, for configs and command lines."""
+"""Compressors by name (the registry), for configs, command lines and direct use."""
 from __future__ import annotations
 
 import inspect
 
-from .base import Compressor
-from .dgc import DGC
+from .base import COMPRESSORS, Compressor, CompressorCfg
 from .layerwise import Layerwise
-from .randomk import RandomK
-from .redsync import RedSync
-from .topk import TopK
-
-COMPRESSORS: dict[str, type[Compressor]] = {"topk": TopK, "dgc": DGC, "redsync": RedSync, "randomk": RandomK}
-
 
 def options_of(name: str) -> list[str]:
-    """Keyword options the named compressor accepts (plus ``layer_sizes``)."""
-    params = inspect.signature(COMPRESSORS[name].__init__).parameters
+    """Keyword options the named compressor's class accepts (plus ``layer_sizes``)."""
+    params = inspect.signature(COMPRESSORS[name].target.__init__).parameters
     return sorted([p for p in params if p != "self"] + ["layer_sizes"])
 
 
@@ -32,5 +25,11 @@ def build_compressor(name: str, **options) -> Compressor:
     if bad:
         raise ValueError(f"unknown option(s) {', '.join(bad)} for compressor {key!r}; valid: {', '.join(valid)}")
     sizes = options.pop("layer_sizes", None)
-    comp = COMPRESSORS[key](**options)
+    comp = COMPRESSORS[key].target(**options)
     return Layerwise(comp, sizes) if sizes is not None else comp
+
+
+def from_config(cfg: CompressorCfg, sizes: list[int]) -> Compressor:
+    """The configured compressor, wrapped per parameter tensor when granularity=layer."""
+    comp = COMPRESSORS[cfg.name].target.from_config(cfg)
+    return Layerwise(comp, sizes) if cfg.granularity == "layer" else comp

@@ -43,6 +43,10 @@ class Layerwise(Compressor):
     def shared(self) -> bool:
         return self.inner.shared
 
+    @property
+    def per_rank_seed(self) -> bool:
+        return self.inner.per_rank_seed
+
     def _cfs(self, cf) -> list[float]:
         """One CF per segment: a number applies to all, a sequence gives each its own."""
         if isinstance(cf, (int, float)):

@@ -11,14 +11,10 @@ import math
 
 import numpy as np
 import torch
-from torch import Tensor
 
-from .base import Compressor, check_finite, generator
+from dataclasses import dataclass
 
-
-def random_subset(n: int, k: int, gen: torch.Generator) -> Tensor:
-    """Sorted int64 CPU tensor of k distinct positions in [0, n), uniformly random."""
-    return torch.from_numpy(_subset(n, k, gen))
+from .base import COMPRESSORS, Compressor, CompressorCfg, check_finite, generator
 
 
 def _subset(n: int, k: int, gen: torch.Generator) -> np.ndarray:
@@ -62,6 +58,14 @@ def _unique(v: np.ndarray, n: int) -> np.ndarray:
     return v[first]
 
 
+@dataclass
+class RandomKCfg(CompressorCfg):
+    """shared_indices: one seed for all workers, so indices agree and the k values are all-reduced;
+    false draws per worker (as the reference code), which needs an all-gather of values + indices."""
+    shared_indices: bool = True
+
+
+@COMPRESSORS.register("randomk", RandomKCfg, label="Random-k", order=4, doc="k random coordinates (one seed for all workers by default)")
 class RandomK(Compressor):
     """Random-k sparsification, shared (seeded, indices not sent) or independent per worker.
 
@@ -78,6 +82,10 @@ class RandomK(Compressor):
     @property
     def shared(self) -> bool:
         return self.shared_indices
+
+    @property
+    def per_rank_seed(self) -> bool:
+        return not self.shared_indices
 
     def _select(self, a, k: int, cf: float, seed: int, check: bool):
         if check:

@@ -18,12 +18,21 @@ the result, are those of the full-tensor search.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from .arrays import above, kth_largest, ops, sample_abs
-from .base import Compressor, generator
+from .base import COMPRESSORS, Compressor, CompressorCfg, generator
+from .registry import option
 from .topk import keep_top, topk_select
 
 
+@dataclass
+class RedSyncCfg(CompressorCfg):
+    """max_iters: bisection steps of the threshold search."""
+    max_iters: int = option(20, check=lambda v: v >= 1, valid=">= 1")
+
+
+@COMPRESSORS.register("redsync", RedSyncCfg, label="RedSync", order=3, doc="RedSync: threshold by bisection until k <= nnz <= 2k")
 class RedSync(Compressor):
     """RedSync bisection threshold: nnz in [k, band·k] (see module docstring)."""
 

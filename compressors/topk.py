@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from .arrays import NONFINITE, above, finite_max, kth_largest, ops, sample_abs, top_positions
-from .base import Compressor, generator
+from .base import COMPRESSORS, Compressor, generator
 
 
 def keep_top(idx, vals, k: int, band=None):
@@ -90,6 +90,7 @@ def topk_select(a, k: int, *, seed: int = 0, sample_size: int = 1 << 16, z: floa
     return pos, a[pos]
 
 
+@COMPRESSORS.register("topk", label="Top-k", order=1, doc="exact Top-k: the n/cf largest magnitudes")
 class TopK(Compressor):
     """Exact Top-k: the k = max(1, floor(n/cf)) largest magnitudes, values sent exactly.
 

@@ -19,16 +19,19 @@ from gravac.netmodel import NetworkModel
 
 @dataclass
 class CommStats:
-    """What one collective cost a worker: bytes it sent, modelled and measured seconds."""
+    """What collectives cost a worker: gradient elements it contributed (mean over all workers,
+    the same number on every backend), bytes it sent, modelled and measured seconds."""
     wire_bytes: int = 0
     modelled_s: float = 0.0
     measured_s: float = 0.0
+    floats: float = 0.0
+
+    def __add__(self, other: "CommStats") -> "CommStats":
+        return CommStats(self.wire_bytes + other.wire_bytes, self.modelled_s + other.modelled_s,
+                         self.measured_s + other.measured_s, self.floats + other.floats)
 
     def __iadd__(self, other: "CommStats") -> "CommStats":
-        self.wire_bytes += other.wire_bytes
-        self.modelled_s += other.modelled_s
-        self.measured_s += other.measured_s
-        return self
+        return self + other
 
 
 def _sparse_mean(values: Sequence[torch.Tensor], indices: Sequence[torch.Tensor], numel: int,
@@ -52,7 +55,8 @@ class Group:
         raise NotImplementedError
 
     def _allgather_sparse(self, payloads: list[Payload]) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
-        """All workers' (values, indices) in rank order, and the padded count every worker sent."""
+        """All workers' (values, indices) in rank order, and the padded count every worker sent
+        (the gathered values' lengths are every worker's count)."""
         raise NotImplementedError
 
     def broadcast_object(self, obj: Any) -> Any:
@@ -81,6 +85,10 @@ class Group:
         """All workers' rows for the run's own records (loss, timings): not part of any method's cost."""
         return self._gather_rows(rows)
 
+    def slowest(self, seconds: float) -> float:
+        """The largest of every worker's `seconds` (a synchronous step waits for the slowest)."""
+        return max(r[0] for r in self.bookkeeping([[seconds]]))
+
     def barrier(self) -> None:
         """Wait for every worker."""
 
@@ -90,7 +98,8 @@ class Group:
         t0 = time.perf_counter()
         out = self._allreduce_sum(tensors).div_(self.world)
         nbytes = tensors[0].numel() * tensors[0].element_size()
-        return out, CommStats(nbytes, self.net.allreduce(nbytes, self.world), time.perf_counter() - t0)
+        return out, CommStats(nbytes, self.net.allreduce(nbytes, self.world), time.perf_counter() - t0,
+                              float(tensors[0].numel()))
 
     def aggregate(self, payloads: list[Payload]) -> tuple[torch.Tensor, CommStats]:
         """Dense mean of every worker's payload, by the collective the payload kind needs.
@@ -113,7 +122,8 @@ class Group:
         per_elem = p.values.element_size() + p.index_bytes()
         nbytes = padded * per_elem
         modelled = self.net.allgather(COUNT_BYTES, self.world) + self.net.allgather(nbytes, self.world)
-        return out, CommStats(nbytes + COUNT_BYTES, modelled, time.perf_counter() - t0)
+        floats = sum(v.numel() for v in values) / self.world
+        return out, CommStats(nbytes + COUNT_BYTES, modelled, time.perf_counter() - t0, floats)
 
 
 class SimGroup(Group):
@@ -165,9 +175,10 @@ class DistGroup(Group):
         """Gather counts, pad every worker's (values, indices) to the maximum, gather once.
 
         gloo needs equal sizes on every rank, and a zero-element collective has crashed it, so
-        counts go first and every buffer holds at least one element. Values (as 32-bit words)
-        and int32/int64 indices travel in one buffer; padding is cut off by the gathered counts,
-        so a padded slot can never add to a real index.
+        counts go first and every buffer holds at least one element. Values (in their own dtype,
+        so float64 stays exact and fp16 sends 2 bytes) and int32/int64 indices travel as the bytes
+        of one buffer; padding is cut off by the gathered counts, so a padded slot can never add
+        to a real index.
         """
         (p,) = payloads
         dist, n = self._dist, self.world
@@ -177,17 +188,16 @@ class DistGroup(Group):
         counts_l = [int(c.item()) for c in counts]
         padded = max(1, max(counts_l))
         idx_dtype = torch.int32 if p.index_bytes() == 4 else torch.int64
-        vals = p.values.to(torch.float32) if p.values.element_size() != 4 else p.values
-        words = 1 if idx_dtype == torch.int32 else 2
-        buf = torch.zeros(padded * (1 + words), dtype=torch.int32, device=self.device)
-        buf[: p.nnz] = vals.view(torch.int32)
-        buf[padded: padded + p.nnz * words] = p.indices.to(idx_dtype).view(torch.int32)
+        vb, ib = p.values.element_size(), p.index_bytes()
+        buf = torch.zeros(padded * (vb + ib), dtype=torch.uint8, device=self.device)
+        buf[: p.nnz * vb] = p.values.contiguous().view(torch.uint8)
+        buf[padded * vb: padded * vb + p.nnz * ib] = p.indices.to(idx_dtype).contiguous().view(torch.uint8)
         bufs = [torch.empty_like(buf) for _ in range(n)]
         dist.all_gather(bufs, buf)
         values, indices = [], []
         for b, c in zip(bufs, counts_l):
-            values.append(b[:c].view(torch.float32).to(p.values.dtype))
-            indices.append(b[padded: padded + c * words].view(idx_dtype).long())
+            values.append(b[: c * vb].view(p.values.dtype))
+            indices.append(b[padded * vb: padded * vb + c * ib].clone().view(idx_dtype).long())  # clone: aligned
         return values, indices, padded
 
     def broadcast_object(self, obj):

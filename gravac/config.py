@@ -1,98 +1,40 @@
 """Turn Hydra's composed config into a checked RunConfig: the one place config is read.
 
 Every user mistake (wrong type, out-of-range value, unknown option or key) becomes a ConfigError
-whose message is one line naming the key, the bad value and what would be valid.
+whose message is one line naming the key, the bad value and what would be valid. What is valid
+comes from the schema's field declarations and the plug-in registries (gravac.registry), never
+from lists kept here.
+
+A pluggable section (model, dataset, compressor, method) becomes the config class its chosen
+plug-in registered. Presets may set options of several plug-ins of a kind (an experiment sets
+GraVAC's window and Accordion's switch_freq for whichever method a sweep picks): options of
+another registered plug-in are dropped, unless given on the command line, where they are an error.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import typing
 from typing import Any, Mapping
 
+from compressors import NO_COMPRESSOR
+from compressors.registry import field_errors, own_fields
 from gravac import schema
-from gravac.schema import RunConfig
+from gravac.registry import registries
+from gravac.schema import PLUGGABLE, SECTIONS, RunConfig
 
 
 class ConfigError(ValueError):
     """A config value a user typed is wrong; the message is one line meant for the user."""
 
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "model.name": ("resnet101", "vgg16", "lstm", "resnet_mini", "vgg_mini", "lstm_mini"),
-    "dataset.name": ("synthetic", "cifar10", "cifar100", "ptb"),
-    "dataset.eval_split": ("test", "valid"),
-    "compressor.name": ("none", "topk", "dgc", "redsync", "randomk"),
-    "compressor.granularity": ("layer", "flat"),
-    "method.name": ("dense", "static", "accordion", "gravac"),
-    "method.policy": ("exponential", "geometric"),
-    "method.tcomp": ("mean", "last"),
-    "method.grow_if": ("always", "accepted"),
-    "method.accumulate": ("local", "averaged"),
-    "cluster.backend": ("sim", "ddp"),
-    "cluster.dist_backend": ("auto", "gloo", "nccl"),
-    "cluster.device": ("cpu", "cuda"),
-    "network.time_source": ("auto", "modelled", "wall"),
-    "train.target_metric": ("top1", "top5", "perplexity"),
-    "logger.name": ("none", "wandb"),
-    "logger.mode": ("offline", "online", "disabled"),
-}
+def build_config(cfg: Any, overrides: list[str] | None = None) -> RunConfig:
+    """Build and check a RunConfig from a DictConfig or plain mapping; raises ConfigError.
 
-# (key, predicate, description of the valid range)
-RANGES: list[tuple[str, typing.Callable[[Any], bool], str]] = [
-    ("model.width", lambda v: v >= 1, ">= 1"),
-    ("model.blocks", lambda v: v >= 1, ">= 1"),
-    ("model.embed_size", lambda v: v >= 1, ">= 1"),
-    ("model.hidden_size", lambda v: v >= 1, ">= 1"),
-    ("model.num_layers", lambda v: v >= 1, ">= 1"),
-    ("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("dataset.bptt", lambda v: v >= 1, ">= 1"),
-    ("dataset.num_classes", lambda v: v >= 2, ">= 2"),
-    ("dataset.image_size", lambda v: v >= 8, ">= 8"),
-    ("dataset.train_size", lambda v: v >= 1, ">= 1"),
-    ("dataset.test_size", lambda v: v >= 1, ">= 1"),
-    ("dataset.noise", lambda v: v >= 0, ">= 0"),
-    ("compressor.cf", lambda v: v >= 1, ">= 1 (CF = dense size / sent size)"),
-    ("compressor.sample_ratio", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("compressor.warmup_epochs", lambda v: v >= 0, ">= 0"),
-    ("compressor.max_iters", lambda v: v >= 1, ">= 1"),
-    ("method.cf_min", lambda v: v >= 1, ">= 1"),
-    ("method.cf_max", lambda v: v >= 1, ">= 1"),
-    ("method.window", lambda v: v >= 1, ">= 1"),
-    ("method.step", lambda v: v > 1, "> 1"),
-    ("method.epsilon", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("method.omega", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("method.ewma", lambda v: v < 0 or 0 < v <= 1, "in (0, 1], or < 0 for N/100"),
-    ("method.cf_low", lambda v: v >= 1, ">= 1"),
-    ("method.cf_high", lambda v: v >= 1, ">= 1"),
-    ("method.switch_freq", lambda v: v >= 1, ">= 1"),
-    ("method.eta", lambda v: v > 0, "> 0"),
-    ("cluster.workers", lambda v: v >= 1, ">= 1"),
-    ("cluster.threads", lambda v: v >= 0, ">= 0"),
-    ("cluster.timeout_s", lambda v: v > 0, "> 0"),
-    ("cluster.max_memory_gb", lambda v: v >= 0, ">= 0"),
-    ("network.bandwidth_gbps", lambda v: v > 0, "> 0"),
-    ("network.latency_us", lambda v: v >= 0, ">= 0"),
-    ("network.comm_ratio", lambda v: v >= 0, ">= 0"),
-    ("network.calibrate_steps", lambda v: v >= 1, ">= 1"),
-    ("train.batch_size", lambda v: v >= 1, ">= 1"),
-    ("train.lr", lambda v: v > 0, "> 0"),
-    ("train.momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("train.weight_decay", lambda v: v >= 0, ">= 0"),
-    ("train.gamma", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("train.steps", lambda v: v >= 1, ">= 1"),
-    ("train.epochs", lambda v: v >= 0, ">= 0"),
-    ("train.eval_every", lambda v: v >= 1, ">= 1"),
-    ("train.eval_batch_size", lambda v: v >= 1, ">= 1"),
-    ("train.target", lambda v: v >= 0, ">= 0"),
-    ("train.grad_clip", lambda v: v >= 0, ">= 0"),
-    ("train.checkpoint_every", lambda v: v >= 0, ">= 0 (0 = only when stopped)"),
-    ("train.milestones", lambda v: all(isinstance(m, int) and m >= 1 for m in v), "a list of step numbers >= 1"),
-]
-
-
-def build_config(cfg: Any) -> RunConfig:
-    """Build and check a RunConfig from a DictConfig or plain mapping; raises ConfigError."""
+    `overrides` are the command-line overrides: an option of a plug-in other than the chosen one
+    is an error there, while presets may carry such options (they are dropped).
+    """
     try:
         from omegaconf import DictConfig, OmegaConf
         if isinstance(cfg, DictConfig):
@@ -101,37 +43,62 @@ def build_config(cfg: Any) -> RunConfig:
         pass
     except Exception as e:  # interpolation errors (e.g. a missing env variable) are user errors
         raise ConfigError(f"cannot resolve config: {e}".splitlines()[0]) from None
-    cfg = {k: v for k, v in dict(cfg).items() if k != "hydra"}
-    run = _build(RunConfig, cfg, "")
+    data = {k: v for k, v in dict(cfg).items() if k not in ("hydra", "setting")}
+    unknown = sorted(set(data) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]}; valid keys: {', '.join(SECTIONS)}")
+    explicit = {o.split("=", 1)[0].lstrip("+~") for o in overrides or [] if "=" in o}
+    sections = {}
+    for name, base in SECTIONS.items():
+        node = data.get(name, {})
+        if not isinstance(node, Mapping):
+            raise ConfigError(f"{name} must be a mapping of options, got {node!r}")
+        cls, node = _chosen(name, base, node, explicit) if name in PLUGGABLE else (base, node)
+        sections[name] = _build(cls, node, name)
+    run = RunConfig(**sections)
     _check(run)
-    if run.method.name == "dense" and run.compressor.name != "none":
+    if not method_class(run.method.name).needs_compressor and run.compressor.name != NO_COMPRESSOR:
         # dense ignores the compressor, so a grid `method=dense,gravac compressor=topk,dgc` works;
         # the run records compressor=none so it is never mistaken for a compressed run
         run.compressor = schema.CompressorCfg()
     return run
 
 
-def _build(cls: type, data: Any, path: str) -> Any:
-    """Recursively build dataclass `cls` from a mapping, checking keys and types."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{path or 'config'} must be a mapping, got {data!r}")
+def _chosen(kind: str, base: type, node: Mapping, explicit: set[str]) -> tuple[type, dict]:
+    """The chosen plug-in's config class, and `node` without preset options of other plug-ins."""
+    reg = registries()[kind]
+    name = node.get("name", base().name)
+    if kind == "compressor" and name == NO_COMPRESSOR:
+        cls = base                                  # compresses nothing: no options of its own
+    elif name not in reg:
+        raise ConfigError(f"{kind}.name={name!r} is not valid; choose one of: {', '.join(group_options(kind, ''))}")
+    else:
+        cls = reg[name].config
+    mine = {f.name for f in dataclasses.fields(cls)}
+    others = {o for e in reg.entries() for o in own_fields(e.config, base)} - mine
+    for key in others & set(node) & {k.split(".", 1)[1] for k in explicit if k.startswith(kind + ".")}:
+        raise ConfigError(not_an_option(kind, name, key))
+    return cls, {k: v for k, v in node.items() if k not in others}
+
+
+def not_an_option(kind: str, name: str, key: str) -> str:
+    """The one-line message for an option the chosen plug-in does not have."""
+    opts = registries()[kind].options(name)
+    return f"{kind}.{key} is not an option of {kind}={name}; its options: {', '.join(opts) or 'none'}"
+
+
+def _build(cls: type, data: Mapping, path: str) -> Any:
+    """Dataclass `cls` from a mapping, checking keys and types."""
     hints = typing.get_type_hints(cls, vars(schema))
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        key = f"{path}.{unknown[0]}" if path else unknown[0]
-        raise ConfigError(f"unknown key {key}; valid keys under {path or 'config'}: {', '.join(fields)}")
-    kwargs = {}
-    for name, value in data.items():
-        key = f"{path}.{name}" if path else name
-        kwargs[name] = _coerce(hints[name], value, key)
-    return cls(**kwargs)
+        raise ConfigError(f"unknown key {path}.{unknown[0]}; valid keys under {path}: {', '.join(fields)}")
+    return cls(**{k: _coerce(hints[k], v, f"{path}.{k}") for k, v in data.items()})
 
 
 def _coerce(hint: Any, value: Any, key: str) -> Any:
     """Check `value` against a field's type hint, allowing int where float is expected."""
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, key)
     origin = typing.get_origin(hint)
     if origin is typing.Union:  # Optional[...]
         if value is None:
@@ -162,6 +129,12 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     return value
 
 
+def saved_config(run: RunConfig) -> dict:
+    """What config.yaml holds: every section, plus `setting`, the method's description of the run
+    (label, style family, sort order, ignored keys), so plots need not import the library."""
+    return {**dataclasses.asdict(run), "setting": method_class(run.method.name).describe(run.method, run.compressor)}
+
+
 def get(run: RunConfig, key: str) -> Any:
     """Read a dotted key such as 'train.lr' from a RunConfig."""
     obj: Any = run
@@ -170,65 +143,101 @@ def get(run: RunConfig, key: str) -> Any:
     return obj
 
 
+def method_class(name: str):
+    """The registered Method class for `name`."""
+    return registries()["method"][name].target
+
+
 def _check(run: RunConfig) -> None:
-    """Check choices, ranges and combinations that a type alone cannot express."""
-    for key, choices in CHOICES.items():
-        value = get(run, key)
-        if value not in choices:
-            raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
-    for key, ok, desc in RANGES:
-        value = get(run, key)
-        if not ok(value):
-            raise ConfigError(f"{key}={value!r} is out of range: must be {desc}")
+    """Field declarations, each plug-in's own cross-field rules, then rules across sections."""
+    for name in SECTIONS:
+        section = getattr(run, name)
+        problems = field_errors(section, name)
+        problems += section.errors(name) if hasattr(section, "errors") else []
+        if problems:
+            raise ConfigError(problems[0])
     m, c = run.method, run.compressor
-    if m.name in ("static", "accordion", "gravac") and c.name == "none":
-        raise ConfigError(f"method={m.name} needs a compressor; set compressor= one of: topk, dgc, redsync, randomk")
-    if m.name == "gravac" and m.cf_max < m.cf_min:
-        raise ConfigError(f"method.cf_max={m.cf_max} must be >= method.cf_min={m.cf_min}")
-    if m.name == "accordion" and m.cf_high < m.cf_low:
-        raise ConfigError(f"method.cf_high={m.cf_high} must be >= method.cf_low={m.cf_low}")
-    lm = run.dataset.name == "ptb"
-    if lm != run.model.name.startswith("lstm"):
+    if method_class(m.name).needs_compressor and c.name == NO_COMPRESSOR:
+        usable = registries()["compressor"].names()
+        raise ConfigError(f"method={m.name} needs a compressor; set compressor= one of: {', '.join(usable)}")
+    task = registries()["model"][run.model.name].extra["task"]
+    data_task = registries()["dataset"][run.dataset.name].extra["task"]
+    if task != data_task:
+        fits = [n for n in registries()["dataset"].names() if registries()["dataset"][n].extra["task"] == task]
         raise ConfigError(f"model={run.model.name} does not fit dataset={run.dataset.name}: "
-                          "lstm models need dataset=ptb, CNNs an image dataset")
+                          f"it needs a {task} dataset ({', '.join(fits)})")
+    lm = task == "lm"
     if lm and run.train.target_metric != "perplexity":
-        raise ConfigError("dataset=ptb is evaluated by perplexity; set train.target_metric=perplexity")
+        raise ConfigError(f"dataset={run.dataset.name} is evaluated by perplexity; set train.target_metric=perplexity")
     if not lm and run.train.target_metric == "perplexity":
         raise ConfigError(f"dataset={run.dataset.name} is evaluated by top1/top5, not perplexity")
     if run.dataset.eval_split == "valid" and not lm:
-        raise ConfigError(f"dataset.eval_split=valid exists only for ptb; {run.dataset.name} has a test split")
+        lms = [e.name for e in registries()["dataset"].entries() if e.extra["task"] == "lm"]
+        raise ConfigError(f"dataset.eval_split=valid exists only for {', '.join(lms)} (language-model data); "
+                          f"{run.dataset.name} has a test split")
     if run.train.target_metric in ("top1", "top5") and run.train.target > 1:
         raise ConfigError(f"train.target={run.train.target} is a fraction for {run.train.target_metric} (0.8 = 80%)")
     if run.cluster.dist_backend == "nccl" and run.cluster.device != "cuda":
         raise ConfigError("cluster.dist_backend=nccl needs cluster.device=cuda; use gloo on CPU")
 
 
-def base_node() -> dict:
-    """The schema's defaults as a plain dict: the first layer of every composed config.
+# ---------------------------------------------------------------------------------------------
+# Hydra: the base node and each plug-in's option defaults, generated from the schema and registries
 
-    Group YAML files then only state what they change, yet every key exists (so `key=value`
-    overrides work without '+') and `--cfg job` shows the complete configuration.
-    """
+def base_node() -> dict:
+    """The common fields of every section with their defaults: the first layer of every composed
+    config, so group YAML files only state what they change and `key=value` overrides of common
+    keys work without '+'. Each plug-in's own options come from `option_nodes`."""
     node = dataclasses.asdict(RunConfig())
     node["dataset"]["root"] = "${oc.env:GRAVAC_DATA_DIR,./data}"
     return node
 
 
+def option_nodes() -> dict[str, dict[str, dict]]:
+    """{kind: {plug-in name: its own options with their defaults}}, from the registries."""
+    out: dict[str, dict[str, dict]] = {}
+    for kind in PLUGGABLE:
+        base = SECTIONS[kind]()
+        out[kind] = {}
+        for e in registries()[kind].entries():
+            values = dataclasses.asdict(e.config())
+            out[kind][e.name] = {k: v for k, v in values.items()
+                                 if k != "name" and (not hasattr(base, k) or getattr(base, k) != v)}
+    out["compressor"][NO_COMPRESSOR] = {}
+    return out
+
+
 def register_base() -> None:
-    """Store base_node() in Hydra's ConfigStore as `gravac_base` (conf/config.yaml starts from it)."""
+    """Store base_node() as `gravac_base` and each plug-in's options as `options/<kind>/<name>` in
+    Hydra's ConfigStore; conf/config.yaml picks the chosen plug-in's node by interpolation."""
     from hydra.core.config_store import ConfigStore
-    ConfigStore.instance().store(name="gravac_base", node=base_node())
+    cs = ConfigStore.instance()
+    cs.store(name="gravac_base", node=base_node())
+    for kind, nodes in option_nodes().items():
+        for name, node in nodes.items():
+            cs.store(group=f"options/{kind}", name=name, node=node)
+
+
+def group_options(group: str, conf_dir: str) -> list[str]:
+    """Choices of a config group: the registry's names for plug-in kinds, else the YAML files."""
+    if group in PLUGGABLE:
+        extra = [NO_COMPRESSOR] if group == "compressor" else []
+        return sorted(list(registries()[group].names()) + extra)
+    path = os.path.join(conf_dir, group)
+    return sorted(f[:-5] for f in os.listdir(path) if f.endswith(".yaml")) if os.path.isdir(path) else []
 
 
 def check_overrides(argv: list[str], conf_dir: str) -> None:
     """Reject unknown group options and unknown keys on the command line before Hydra sees them.
 
     Hydra would also refuse them, but with a multi-line message; this gives the one-line form
-    ("unknown model 'x'; choose one of: ...") for the mistakes users make most.
+    ("unknown model 'x'; choose one of: ...") for the mistakes users make most. A key is known if
+    it is a common field of its section or an option of any registered plug-in of that kind.
     """
-    import os
-    groups = sorted(d for d in os.listdir(conf_dir) if os.path.isdir(os.path.join(conf_dir, d)))
+    groups = sorted(d for d in os.listdir(conf_dir) if os.path.isdir(os.path.join(conf_dir, d))) + \
+        [k for k in PLUGGABLE if not os.path.isdir(os.path.join(conf_dir, k))]
     base = base_node()
+    opts = option_nodes()
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue
@@ -237,16 +246,100 @@ def check_overrides(argv: list[str], conf_dir: str) -> None:
         if key.startswith("hydra") or "(" in value or "$" in value:
             continue
         if key in groups:
-            options = sorted(f[:-5] for f in os.listdir(os.path.join(conf_dir, key)) if f.endswith(".yaml"))
+            options = group_options(key, conf_dir)
             for choice in value.split(","):
                 if choice not in options:
                     raise ConfigError(f"unknown {key} {choice!r}; choose one of: {', '.join(options)}")
             continue
         parts = key.split(".")
         node: Any = base
+        if parts[0] in opts and len(parts) == 2:
+            node = {**base[parts[0]], **{k: v for n in opts[parts[0]].values() for k, v in n.items()}}
+            if parts[1] not in node:
+                raise ConfigError(f"unknown key {key}; valid keys under {parts[0]}: {', '.join(node)}")
+            continue
         for i, part in enumerate(parts):
             if not isinstance(node, dict) or part not in node:
                 where = ".".join(parts[:i]) or "config"
                 valid = ", ".join(node) if isinstance(node, dict) else "(none: it is a value)"
                 raise ConfigError(f"unknown key {key}; valid keys under {where}: {valid}")
             node = node[part]
+
+
+def section(kind: str, **values) -> Any:
+    """One checked config section from plain values, e.g. section("model", name="resnet_mini",
+    width=8): the registered plug-in's config class for pluggable kinds (for library use)."""
+    run = build_config({kind: values})
+    return getattr(run, kind)
+
+
+def check_composition(argv: list[str], conf_dir: str, limit: int = 64) -> None:
+    """Compose the config as Hydra will (each job of a sweep, up to `limit`) and turn a
+    composition error into one line; the common case is an option of a plug-in other than the
+    chosen one (`method=static method.epsilon=0.5`), which Hydra reports in several lines."""
+    import itertools
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    args = [a for a in argv if not a.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except Exception as e:  # a syntax error: Hydra's own first line says it well
+        raise ConfigError(str(e).strip().splitlines()[0]) from None
+    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+               else [o.input_line] for o in parsed]
+    with initialize_config_dir(config_dir=os.path.abspath(conf_dir), version_base="1.3"):
+        for job in itertools.islice(itertools.product(*choices), limit):
+            try:
+                compose(config_name="config", overrides=list(job))
+            except Exception as e:  # noqa: BLE001 - every composition error becomes one line
+                raise ConfigError(_composition_message(e, list(job))) from None
+
+
+def _composition_message(err: Exception, overrides: list[str]) -> str:
+    """One line for a Hydra composition error, naming the chosen plug-in when a key is not its."""
+    import re
+    from hydra import compose
+    text = str(err).strip()
+    m = re.search(r"Could not override '([\w.]+)'", text)
+    if m and m.group(1).split(".")[0] in PLUGGABLE and m.group(1).count(".") == 1:
+        kind, key = m.group(1).split(".")
+        rest = [o for o in overrides if not o.lstrip("+~").startswith(f"{kind}.{key}=")]
+        try:
+            chosen = compose(config_name="config", overrides=rest)[kind]["name"]
+        except Exception:  # noqa: BLE001
+            chosen = None
+        if chosen is not None and chosen in registries()[kind]:
+            return not_an_option(kind, chosen, key)
+    return text.splitlines()[0]
+
+
+def help_text(conf_dir: str) -> str:
+    """`bench/run.py --help`: every plug-in with its one-line description and options (from the
+    registries), the other config groups' options (from conf/), and where to look further."""
+    lines = ["gravac-bench: communication-efficient data-parallel training benchmark",
+             "Usage: python bench/run.py [group=option ...] [key=value ...]   (-m runs a sweep: method=dense,gravac)",
+             "", "Plug-ins: group=option, then group.key=value for the option's settings (defaults shown)"]
+    for kind in PLUGGABLE:
+        reg = registries()[kind]
+        lines.append(f"  {kind}:")
+        entries = sorted(reg.entries(), key=lambda e: e.name)
+        if kind == "compressor":
+            lines.append(f"    {NO_COMPRESSOR:13} no compression (method=dense)")
+        for e in entries:
+            opts = option_nodes()[kind][e.name]
+            extra = " [" + " ".join(f"{k}={v}" for k, v in opts.items()) + "]" if opts else ""
+            lines.append(f"    {e.name:13} {e.doc}{extra}")
+    lines += ["", "Other groups: group=option"]
+    for group in sorted(os.listdir(conf_dir)):
+        if group not in PLUGGABLE and os.path.isdir(os.path.join(conf_dir, group)):
+            lines.append(f"  {group}: {', '.join(group_options(group, conf_dir))}")
+    common = ", ".join(f"{k}.*" for k in SECTIONS if k not in PLUGGABLE)
+    lines += ["", f"Settings of every run: {common} (each key, its default and type: --cfg job)",
+              "Examples:",
+              "  python bench/run.py                                   # resnet_mini, synthetic data, 4 simulated workers",
+              "  python bench/run.py model=vgg16 --cfg job             # show a composed config without running",
+              "  python bench/run.py method=static compressor=topk compressor.cf=100 cluster=ddp cluster.workers=2",
+              "  python bench/run.py -m method=dense,gravac            # a sweep",
+              "Data: dataset.root (default $GRAVAC_DATA_DIR, else ./data). Results: experiment.results_root. "
+              "See README.md; Hydra's own help: --hydra-help"]
+    return "\n".join(lines)

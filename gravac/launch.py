@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from gravac.comm import DistGroup, SimGroup
+from gravac.config import saved_config
 from gravac.errors import Interrupted, UserError, WorkerFailed
 from gravac.netmodel import NetworkModel
 from gravac.results import NullWriter, RunWriter, atomic_write, make_run_dir
@@ -27,7 +28,7 @@ def _tag(cfg: RunConfig) -> str:
     tag = f"{cfg.model.name}-{cfg.method.name}"
     if cfg.compressor.name != "none":
         tag += f"-{cfg.compressor.name}"
-        if cfg.method.name == "static":
+        if "compressor.cf" not in saved_config(cfg)["setting"]["ignores"]:
             tag += f"{cfg.compressor.cf:g}"
     return f"{tag}-n{cfg.cluster.workers}-s{cfg.train.seed}"
 
@@ -42,7 +43,7 @@ def _device(cfg: RunConfig, local_rank: int) -> torch.device:
 
 # keys a resumed run may change: bookkeeping, not what is being measured
 RESUMABLE = ("experiment.resume", "experiment.run_id", "experiment.results_root", "logger.", "train.steps",
-             "train.epochs", "cluster.timeout_s", "cluster.threads")
+             "train.epochs", "cluster.timeout_s", "cluster.threads", "setting.")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -80,7 +81,7 @@ def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") 
     """Train with this process's workers; only the main process writes and prints."""
     from gravac.checkpoint import Checkpointer
     from gravac.train import train
-    config = dataclasses.asdict(cfg)
+    config = saved_config(cfg)
     writer = RunWriter(run_dir, config) if group.is_main else NullWriter()
     if group.is_main and not cfg.experiment.resume:
         atomic_write(os.path.join(run_dir, "command.txt"), command + "\n")

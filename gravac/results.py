@@ -16,11 +16,13 @@ from typing import Any
 import yaml
 
 
-def atomic_write(path: str, text: str) -> None:
-    """Write `text` to `path` so that readers never see a partial file."""
+def atomic_write(path: str, data: str | bytes) -> None:
+    """Write `data` (text as UTF-8) to `path` so that readers never see a partial file, even
+    after a crash: a synced temporary file in the same folder, renamed into place. Every result
+    file (runs, plots, benchmark CSVs) is written through here."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

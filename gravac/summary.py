@@ -31,6 +31,14 @@ class Summary:
         self.target_hit: dict | None = None
         self.error: str | None = None
         self.cf_hist: dict[str, int] = {}
+        from gravac.config import method_class
+        self.setting = method_class(cfg.method.name).describe(cfg.method, cfg.compressor)
+
+    @property
+    def modelled_clock(self) -> bool:
+        """Step times are modelled (network model on, time_source not wall), else measured."""
+        n = self.cfg.network
+        return n.enabled and n.time_source != "wall"
 
     def wall_s(self) -> float:
         """Wall seconds of the run so far, across resumed segments."""
@@ -38,7 +46,7 @@ class Summary:
 
     def state_dict(self) -> dict:
         """Counters to carry over a checkpoint (configuration and clocks are rebuilt)."""
-        skip = {"cfg", "net", "t0", "elapsed_before"}
+        skip = {"cfg", "net", "t0", "elapsed_before", "setting"}
         state = {k: v for k, v in vars(self).items() if k not in skip}
         state["elapsed_s"] = self.wall_s()
         return state
@@ -78,10 +86,11 @@ class Summary:
 
     def as_dict(self, status: str) -> dict:
         c = self.cfg
-        cf = c.compressor.cf if c.method.name == "static" else None
+        cf = None if "compressor.cf" in self.setting["ignores"] or "compressor." in self.setting["ignores"] \
+            else c.compressor.cf
         return {
             "status": status, "error": self.error,
-            "method": c.method.name, "compressor": c.compressor.name, "cf": cf,
+            "method": c.method.name, "compressor": c.compressor.name, "cf": cf, "setting": self.setting,
             "model": c.model.name, "dataset": self.dataset_name, "parameters": self.params,
             "workers": c.cluster.workers, "backend": c.cluster.backend, "batch_size": c.train.batch_size,
             "seed": c.train.seed, "experiment": c.experiment.name,
@@ -90,7 +99,7 @@ class Summary:
             "target": c.train.target or None,
             "floats_sent": self.floats, "wire_bytes": self.wire,
             "wall_s": self.wall_s(), "step_wall_s": self.wall_step_s, "model_s": self.model_s,
-            "time_source": "modelled" if c.network.enabled and c.network.time_source != "wall" else "wall",
+            "time_source": "modelled" if self.modelled_clock else "wall",
             "network": self.net.describe(),
             "cf_histogram": self.cf_hist,
             "target_reached": self.target_hit,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 import torch
 
 from gravac.checkpoint import Checkpointer, StopFlag
@@ -16,16 +17,17 @@ from gravac.comm import Group
 from gravac.data import load_dataset
 from gravac.errors import DivergedError, Interrupted
 from gravac.evaluate import Evaluator
-from gravac.methods import StepContext, build_method, method_state_bytes
+from gravac.methods import StepContext, build_method
 from gravac.models import build_model, count_parameters
-from gravac.schema import RunConfig
+from gravac.records import step_record
+from gravac.schema import RunConfig, TrainCfg
 from gravac.summary import Summary
 from gravac.workers import Workers
 
 
-def lr_at(cfg: RunConfig, step: int) -> float:
+def lr_at(cfg: TrainCfg, step: int) -> float:
     """Multi-step schedule: lr × gamma^(milestones passed)."""
-    return cfg.train.lr * cfg.train.gamma ** sum(step >= m for m in cfg.train.milestones)
+    return cfg.lr * cfg.gamma ** sum(step >= m for m in cfg.milestones)
 
 
 @dataclass
@@ -40,12 +42,14 @@ class Parts:
     summary: Summary
     total: int                 # steps of the whole run
     spe: int                   # steps per epoch (of one worker's shard)
+    prev_step_s: float | None = None   # the last step's time on the run's clock (GraVAC's T_system)
 
     def state_dict(self, net) -> dict:
         """All state a resumed run needs to continue exactly as an uninterrupted one."""
         return {"model": self.model.state_dict(), "opt": self.opt.state_dict(),
                 "method": self.method.state_dict(), "workers": self.workers.state_dict(),
-                "summary": self.summary.state_dict(), "net_beta": net.beta_Bps, "rng": torch.get_rng_state()}
+                "summary": self.summary.state_dict(), "net_beta": net.beta_Bps, "rng": torch.get_rng_state(),
+                "prev_step_s": self.prev_step_s}
 
     def load_state_dict(self, state: dict, net) -> None:
         self.model.load_state_dict(state["model"])
@@ -55,21 +59,24 @@ class Parts:
         self.summary.load_state_dict(state["summary"])
         net.beta_Bps = state["net_beta"]
         torch.set_rng_state(state["rng"])
+        self.prev_step_s = state.get("prev_step_s")
 
 
 def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
     """Data, model, workers, method, optimizer, evaluator and summary for this process."""
+    from gravac.config import method_class
     torch.manual_seed(cfg.train.seed)
     dataset = load_dataset(cfg.dataset)
     model = build_model(cfg.model, dataset.num_classes, dataset.task).to(device)
     workers = Workers(cfg, model, dataset, group, device)
-    workers.check_memory(method_state_bytes(cfg, workers.numel))
+    workers.check_memory(method_class(cfg.method.name).state_bytes(cfg.method, cfg.compressor, workers.numel,
+                                                                   cfg.train.momentum))
     method = build_method(cfg, group, workers.sizes, device)
     say(f"model {cfg.model.name}: {count_parameters(model):,} parameters; dataset {dataset.name} "
         f"({dataset.train_size:,} train {'tokens' if dataset.task == 'lm' else 'samples'}); "
         f"{group.world} workers ({cfg.cluster.backend}); method {cfg.method.name}"
         + (f" + {cfg.compressor.name}" if cfg.compressor.name != "none" else ""))
-    momentum = 0.0 if cfg.compressor.momentum_correction else cfg.train.momentum  # DGC moves it into memory
+    momentum = method.optimizer_momentum     # DGC's momentum correction keeps momentum in its memory
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=momentum,
                           weight_decay=cfg.train.weight_decay, nesterov=cfg.train.nesterov and momentum > 0)
     spe = workers.steps_per_epoch
@@ -80,38 +87,62 @@ def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
     return Parts(dataset, model, workers, method, opt, evaluator, summary, total, spe)
 
 
-def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_factory, say=print,
-          ckpt: Checkpointer | None = None, resume_cmd: str = "") -> dict:
-    """Train to the configured length (continuing from the latest checkpoint when resuming)."""
-    parts = build(cfg, group, device, say)
-    workers, method, opt, summary, evaluator = parts.workers, parts.method, parts.opt, parts.summary, parts.evaluator
-    total, spe, net = parts.total, parts.spe, group.net
+def start_step(cfg: RunConfig, parts: Parts, net, ckpt: Checkpointer | None, writer, say) -> int:
+    """Resume from the latest checkpoint (dropping later records), or calibrate a fresh run."""
     start = ckpt.latest_step() if ckpt and cfg.experiment.resume else None
     if start is not None:
         parts.load_state_dict(ckpt.load(start), net)
         writer.truncate(start)
         say(f"resumed at step {start} from {cfg.experiment.resume}")
-    else:
-        start = 0
-        if cfg.network.enabled and cfg.network.comm_ratio > 0:
-            compute = workers.calibrate(cfg.network.calibrate_steps)
-            net.calibrate(4 * workers.numel, group.world, compute, cfg.network.comm_ratio)
-            say(f"network calibrated: dense all-reduce = {cfg.network.comm_ratio} x compute "
-                f"({compute * 1e3:.1f} ms) -> {net.beta_Bps * 8 / 1e9:.4g} Gbit/s")
+        return start
+    if cfg.network.enabled and cfg.network.comm_ratio > 0:
+        compute = parts.workers.calibrate(cfg.network.calibrate_steps)
+        net.calibrate(4 * parts.workers.numel, parts.workers.group.world, compute, cfg.network.comm_ratio)
+        say(f"network calibrated: dense all-reduce = {cfg.network.comm_ratio} x compute "
+            f"({compute * 1e3:.1f} ms) -> {net.beta_Bps * 8 / 1e9:.4g} Gbit/s")
+    return 0
+
+
+class Cadence:
+    """What happens after a step besides the record: evaluations and checkpoints, on schedule."""
+
+    def __init__(self, cfg: RunConfig, parts: Parts, writer, tracker, save):
+        self.cfg, self.parts, self.writer, self.tracker, self.save = cfg, parts, writer, tracker, save
+
+    def after(self, step: int) -> None:
+        done, total, t = step + 1, self.parts.total, self.cfg.train
+        if done % t.eval_every == 0 or done == total:
+            summary = self.parts.summary
+            ev = self.parts.evaluator.run(done, summary)
+            summary.add_eval(ev)
+            self.writer.eval(ev)
+            self.tracker.eval(ev)
+            self.writer.summary(summary.as_dict("running"))
+        if t.checkpoint_every and (done % t.checkpoint_every == 0 or done == total):  # the last lets a run be extended
+            self.save(done)
+
+
+def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_factory, say=print,
+          ckpt: Checkpointer | None = None, resume_cmd: str = "") -> dict:
+    """Train to the configured length (continuing from the latest checkpoint when resuming)."""
+    parts = build(cfg, group, device, say)
+    workers, method, opt, summary = parts.workers, parts.method, parts.opt, parts.summary
+    net = group.net
+    start = start_step(cfg, parts, net, ckpt, writer, say)
 
     def save(step: int) -> None:
         if ckpt is not None:
             ckpt.save(step, parts.state_dict(net))
 
-    tracker = tracker_factory(total, writer.dir)
+    tracker = tracker_factory(parts.total, writer.dir)
     tracker.start_at(start)
+    cadence = Cadence(cfg, parts, writer, tracker, save)
     writer.summary(summary.as_dict("running"))
     status = "failed"
-    step = start
     try:
         with StopFlag() as stop:
-            for step in range(start, total):
-                lr = lr_at(cfg, step)
+            for step in range(start, parts.total):
+                lr = lr_at(cfg.train, step)
                 for g in opt.param_groups:
                     g["lr"] = lr
                 grads, compute_s, loss, stop_now = workers.compute(step, stop.requested)
@@ -121,32 +152,20 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
                 if not math.isfinite(loss):
                     raise DivergedError(f"step {step}: loss is {loss} (method={cfg.method.name}); "
                                         "lower train.lr or enable train.grad_clip")
-                ctx = StepContext(step=step, epoch=step / spe, lr=lr,
-                                  lr_decayed=step > 0 and lr < lr_at(cfg, step - 1), compute_s=compute_s,
-                                  samples=group.world * cfg.train.batch_size)
+                ctx = StepContext(step=step, epoch=step / parts.spe, lr=lr,
+                                  lr_decayed=step > 0 and lr < lr_at(cfg.train, step - 1), compute_s=compute_s,
+                                  samples=group.world * cfg.train.batch_size, prev_step_s=parts.prev_step_s)
                 res = method.step(grads, ctx)
                 workers.apply(res.grad, step, cfg.method.name)
                 opt.step()
-                step_model = compute_s + res.compress_s + res.comm.modelled_s
-                step_wall = compute_s + res.compress_s + res.comm.measured_s
-                record = {"step": step, "epoch": round(step / spe, 6), "loss": loss, "lr": lr, "cf": res.cf,
-                          "floats_sent": res.floats_sent, "wire_bytes": res.comm.wire_bytes,
-                          "compute_s": compute_s, "compress_s": res.compress_s, "comm_s": res.comm.measured_s,
-                          "comm_model_s": res.comm.modelled_s, "step_model_s": step_model,
-                          "step_wall_s": step_wall, "time_s": summary.wall_s(), **res.extra}
+                compress_s = group.slowest(res.compress_s)
+                record = step_record(ctx, loss, res, compress_s, parts.spe, summary.wall_s())
+                parts.prev_step_s = record["step_model_s" if summary.modelled_clock else "step_wall_s"]
                 summary.add_step(record)
                 writer.step(record)
-                if (step + 1) % cfg.train.eval_every == 0 or step + 1 == total:
-                    ev = evaluator.run(step + 1, summary)
-                    summary.add_eval(ev)
-                    writer.eval(ev)
-                    tracker.eval(ev)
-                    writer.summary(summary.as_dict("running"))
-                tracker.step(record, {"loss": f"{loss:.3f}", evaluator.metric: summary.last_metric_str(),
+                cadence.after(step)
+                tracker.step(record, {"loss": f"{loss:.3f}", parts.evaluator.metric: summary.last_metric_str(),
                                       "cf": f"{res.cf:.4g}"})
-                every = cfg.train.checkpoint_every
-                if every and ((step + 1) % every == 0 or step + 1 == total):  # the last lets a run be extended
-                    save(step + 1)
         status = "completed"
         writer.save_model(parts.model.state_dict())
     except DivergedError as e:

@@ -68,7 +68,7 @@ class Workers:
         """Forward pass of worker `w` on its batch; the LM carries its hidden state across steps."""
         hidden = self.hidden[w]
         if hidden is not None and not self.loaders[w].new_epoch:
-            hidden = tuple(h.detach() for h in hidden)
+            hidden = self.model.detach_hidden(hidden)
         else:
             hidden = None  # a new epoch starts from a fresh state
         loss, self.hidden[w] = self._forward_loss(x, y, hidden)

@@ -97,13 +97,14 @@ def _pair(cols, rows, path, entity, comp, cf) -> list[dict]:
                 acc.setdefault(key(r), {"direct": [], "multi": []})[kind].append(_float(r[tcol]) * _time_scale(tcol))
     second = {key(r): r for r in rows} if "recompress_s" in cols and "direct_high_s" in cols else {}
     out = []
+    labels = {r[comp]: r["label"] for r in rows if r.get("label")}   # display names, when the CSV has them
     for (ent, c, f), d in acc.items():
         dv = [x for x in d["direct"] if math.isfinite(x)]
         mv = [x for x in d["multi"] if math.isfinite(x)]
         if not dv or not mv:
             continue
         ds, ms = statistics.median(dv), statistics.median(mv)
-        row = {"model": ent or "-", "compressor": c, "cf": f if math.isfinite(f) else "-",
+        row = {"model": ent or "-", "compressor": c, "label": labels.get(c, c), "cf": f if math.isfinite(f) else "-",
                "direct_s": ds, "multilevel_s": ms, "speedup": ds / ms if ms > 0 else math.nan}
         r2 = second.get((ent, c, f))
         if r2 is not None:  # the second level alone: C(g, final CF) vs recompressing the first payload

@@ -18,9 +18,10 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
-from plots.labels import (COMPRESSOR_NAMES, METRIC_AXIS, fmt_cf, metric_scale, network_text,  # noqa: E402
+from plots.labels import (METRIC_AXIS, fmt_cf, metric_scale, network_text,  # noqa: E402
                           styles)
-from plots.load import Context, Group, Run  # noqa: E402
+from plots.load import Run  # noqa: E402
+from plots.settings import Context, Group  # noqa: E402
 
 WIDTH = 3.5
 MAX_POINTS = 3000   # longer series are thinned for drawing (after smoothing)
@@ -286,7 +287,8 @@ def static_gain_figure(ctx: Context, window: int = 0):
             mean, lo, hi = _stats(m)
             handles.append(_draw(ax, np.arange(1, m.shape[1] + 1), mean, lo, hi, g.n, st[g], label_n(g)))
             labels.append(label_n(g))
-        ax.set_ylabel(f"Gain ({COMPRESSOR_NAMES.get(comp, comp)})")
+        first = next(g for g in groups if g.first.compressor == comp).first
+        ax.set_ylabel(f"Gain ({first.setting.get('compressor_label', comp)})")
         ax.set_ylim(bottom=0)
     _iteration_axis(axes[-1])
     _title(fig, f"{ctx.title}", "compression gain ||C(g)||²/||g||²" + (f", moving average of {w} steps" if w > 1 else ""))
@@ -460,8 +462,8 @@ def multilevel_figure(rows: list[dict]):
                 ys.append(r["speedup"])
         ax.bar(xs, ys, width=width * 0.95, color=cmap(j % 10), label=model)
     ax.axhline(1.0, color="0.3", linestyle=":", linewidth=0.9)
-    ax.set_xticks(range(len(cats)), [COMPRESSOR_NAMES.get(c, c) + (f"\n{fmt_cf(cf)}" if multi_cf else "")
-                                     for c, cf in cats])
+    names = {r["compressor"]: r.get("label", r["compressor"]) for r in rows}
+    ax.set_xticks(range(len(cats)), [names[c] + (f"\n{fmt_cf(cf)}" if multi_cf else "") for c, cf in cats])
     ax.set_ylabel("Speedup of multi-level\n(direct time / multi-level time)")
     ax.grid(axis="x", visible=False)
     cfs = sorted({cf for _, cf in cats if isinstance(cf, float)})

@@ -1,7 +1,8 @@
 """Names, number formats and line styles shared by every figure and table.
 
 Labels say method, compressor and CF ("Dense", "Top-k 10x", "GraVAC ε=0.7 (dgc)",
-"Accordion (randomk 1.5x/1000x)"). When two settings of one context would get the same label,
+"Accordion (randomk 1.5x/1000x)"), as each run's method wrote them into its summary (so plots know
+no method by name). When two settings of one context would get the same label,
 the config keys in which they differ are appended ("…, policy=geometric"), so no two lines or
 rows are ever indistinguishable. Colours are fixed per group within a context, so a setting has
 the same colour in every figure.
@@ -11,7 +12,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-COMPRESSOR_NAMES = {"topk": "Top-k", "dgc": "DGC", "redsync": "RedSync", "randomk": "Random-k", "none": "none"}
 METRIC_AXIS = {"top1": "Top-1 accuracy (%)", "top5": "Top-5 accuracy (%)", "perplexity": "Perplexity"}
 METRIC_SHORT = {"top1": "top-1", "top5": "top-5", "perplexity": "perplexity"}
 
@@ -25,20 +25,8 @@ def fmt_cf(cf: Any) -> str:
 
 
 def base_label(run) -> str:
-    """Label of a run's setting from its method, compressor and CF."""
-    m, comp = run.method, run.compressor
-    if m == "dense":
-        return "Dense"
-    if m == "static":
-        return f"{COMPRESSOR_NAMES.get(comp, comp)} {fmt_cf(run.cf)}"
-    if m == "gravac":
-        eps = run.cfg("method.epsilon")
-        return f"GraVAC ε={eps:g} ({comp})" if isinstance(eps, (int, float)) else f"GraVAC ({comp})"
-    if m == "accordion":
-        lo, hi = run.cfg("method.cf_low"), run.cfg("method.cf_high")
-        cfs = f" {fmt_cf(lo)}/{fmt_cf(hi)}" if lo is not None and hi is not None else ""
-        return f"Accordion ({comp}{cfs})"
-    return m
+    """Label of a run's setting, as its method stated it in summary.json (`setting.label`)."""
+    return str(run.setting.get("label", run.method))
 
 
 def _short(value: Any) -> str:

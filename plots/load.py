@@ -19,7 +19,6 @@ from typing import Any, Iterable
 import numpy as np
 import yaml
 
-from plots.labels import assign_labels
 
 RUN_MARKERS = ("steps.jsonl", "steps.jsonl.gz", "summary.json")
 HIGHER_IS_BETTER = {"top1": True, "top5": True, "perplexity": False}
@@ -154,13 +153,30 @@ class Run:
         return str(self._pick("method.name", "method", "unknown"))
 
     @property
+    def setting(self) -> dict:
+        """How the run's method describes its setting (summary.json `setting`: label, family,
+        order, cf_text, ignored config keys), so no method or compressor is known here by name.
+        Runs written before summaries carried it get a generic description."""
+        for s in ((self.summary or {}).get("setting"), self.config.get("setting")):
+            if isinstance(s, dict) and isinstance(s.get("label"), str):
+                return s
+        comp, cf = self.compressor, self.cf
+        label = self.method if comp == "none" else f"{self.method} ({comp}{f' {cf:g}x' if cf else ''})"
+        return {"label": label, "family": self.method, "order": [9, 9, comp, cf or 0], "ignores": [],
+                "cf_text": f"{cf:g}x" if cf else "?", "compressor_label": comp}
+
+    @property
     def compressor(self) -> str:
         return str(self._pick("compressor.name", "compressor", "none"))
 
     @property
     def cf(self) -> float | None:
-        """The static CF (method=static), else None."""
-        if self.method != "static":
+        """The compressor's fixed CF when the method uses it (static), else None."""
+        s = (self.summary or {}).get("setting") or self.config.get("setting")
+        if isinstance(s, dict):
+            if any("compressor.cf".startswith(p) for p in s.get("ignores", [])):
+                return None
+        elif self.method != "static":    # runs written before runs described their setting
             return None
         v = self._pick("compressor.cf", "cf")
         return None if v is None else float(v)
@@ -211,10 +227,6 @@ class Run:
         return str((self.summary or {}).get("status", "no summary"))
 
     # -- per-step series -----------------------------------------------------------------------
-    @property
-    def step_numbers(self) -> np.ndarray:
-        return np.array([int(r.get("step", i)) for i, r in enumerate(self.steps)], dtype=int)
-
     def column(self, key: str) -> np.ndarray:
         """Per-step values of `key` (NaN where absent), in step order."""
         return np.array([_num(r.get(key)) for r in self.steps], dtype=float)
@@ -347,178 +359,3 @@ def _cross_check(run: Run) -> None:
         if hit is None or hit.step != tr.get("step"):
             run.notes.append(f"summary target_reached at step {tr.get('step')}, evals.jsonl says "
                              f"{'never' if hit is None else hit.step}")
-
-
-# ----------------------------------------------------------------------------------------------
-# settings (seed replicas) and contexts (settings that can be compared)
-
-SEED_KEYS = {"train.seed", "dataset.seed"}
-IGNORED_PREFIXES = ("experiment.", "logger.")
-IGNORED_KEYS = {"dataset.root", "dataset.cache_dir", "dataset.download", "cluster.threads", "cluster.timeout_s",
-                "cluster.max_memory_gb", "train.eval_batch_size", "train.target", "train.target_metric"}
-GRAVAC_KEYS = {"cf_min", "cf_max", "window", "step", "epsilon", "omega", "policy", "ewma"}
-ACCORDION_KEYS = {"cf_low", "cf_high", "switch_freq", "eta"}
-COMPRESSOR_ONLY = {"sample_ratio": "dgc", "momentum_correction": "dgc", "warmup_epochs": "dgc",
-                   "max_iters": "redsync", "shared_indices": "randomk"}
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists become tuples so values are hashable."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = tuple(v) if isinstance(v, list) else v
-    return out
-
-
-def relevant_settings(run: Run) -> dict[str, Any]:
-    """The config keys that define a run's setting: seeds, paths, logging and ignored options out."""
-    if not run.has_config:
-        s = run.summary or {}
-        return {k: s.get(k) for k in ("method", "compressor", "cf", "model", "dataset", "workers",
-                                      "backend", "batch_size")}
-    method, comp = run.method, run.compressor
-    out = {}
-    for k, v in flatten(run.config).items():
-        if k in SEED_KEYS or k in IGNORED_KEYS or k.startswith(IGNORED_PREFIXES):
-            continue
-        section, _, leaf = k.partition(".")
-        if section == "method" and leaf != "name":
-            if (leaf in GRAVAC_KEYS and method != "gravac") or (leaf in ACCORDION_KEYS and method != "accordion"):
-                continue
-            if method in ("dense", "static"):
-                continue
-        if section == "compressor":
-            if method == "dense" or (leaf == "cf" and method != "static"):
-                continue
-            if leaf in COMPRESSOR_ONLY and COMPRESSOR_ONLY[leaf] != comp:
-                continue
-        out[k] = v
-    return out
-
-
-@dataclass(eq=False)
-class Group:
-    """Runs of one setting (seed replicas); `label` is set once all groups are known."""
-    runs: list[Run]
-    settings: dict[str, Any]
-    label: str = ""
-
-    @property
-    def first(self) -> Run:
-        return self.runs[0]
-
-    @property
-    def method(self) -> str:
-        return self.first.method
-
-    @property
-    def n(self) -> int:
-        return len(self.runs)
-
-    @property
-    def slug(self) -> str:
-        return slugify(self.label)
-
-
-@dataclass(eq=False)
-class Context:
-    """Settings that can be compared: same model, dataset, metric, cluster size and network."""
-    model: str
-    dataset: str
-    metric: str
-    workers: int | None
-    network: str
-    groups: list[Group] = field(default_factory=list)
-    target: float | None = None
-    target_note: str = ""
-
-    @property
-    def title(self) -> str:
-        w = f", {self.workers} workers" if self.workers else ""
-        return f"{self.model} / {self.dataset}{w}, network {self.network}"
-
-    @property
-    def slug(self) -> str:
-        workers = f"{self.workers}w" if self.workers else "unknown"
-        return slugify(f"{self.model}-{self.dataset}-{workers}-{self.network}".replace("?", "unknown"))
-
-    @property
-    def higher_is_better(self) -> bool:
-        return HIGHER_IS_BETTER.get(self.metric, True)
-
-    @property
-    def runs(self) -> list[Run]:
-        return [r for g in self.groups for r in g.runs]
-
-    def find(self, label: str) -> Group | None:
-        return next((g for g in self.groups if g.label == label), None)
-
-
-def slugify(text: str) -> str:
-    """A file-name-safe version of a label ("GraVAC ε=0.7 (dgc)" -> "gravac-eps0.7-dgc")."""
-    text = text.replace("ε=", "eps").replace("×", "x").replace("/", "-")
-    keep = "".join(c.lower() if c.isalnum() or c in ".-_" else "-" for c in text)
-    while "--" in keep:
-        keep = keep.replace("--", "-")
-    return keep.strip("-") or "run"
-
-
-METHOD_ORDER = {"dense": 0, "static": 1, "accordion": 2, "gravac": 3}
-COMPRESSOR_ORDER = {"none": 0, "topk": 1, "dgc": 2, "redsync": 3, "randomk": 4}
-
-
-def _group_order(g: Group) -> tuple:
-    r = g.first
-    eps = r.cfg("method.epsilon", 0) if r.method == "gravac" else 0
-    return (METHOD_ORDER.get(r.method, 9), COMPRESSOR_ORDER.get(r.compressor, 9), r.compressor,
-            r.cf or 0, eps or 0, g.label)
-
-
-def build_contexts(runs: list[Run], target: float | None = None) -> list[Context]:
-    """Group runs into settings and settings into contexts; label groups; pick each context's target.
-
-    The target is `target` when given (for an accuracy metric a value above 1 is read as a
-    percentage), else the most common configured target among the context's runs.
-    """
-    ctxs: dict[tuple, Context] = {}
-    for run in runs:
-        key = (run.model, run.dataset, run.metric, run.workers, str(run.network.get("name", "?")))
-        ctx = ctxs.setdefault(key, Context(*key))
-        settings = relevant_settings(run)
-        for g in ctx.groups:
-            if g.settings == settings:
-                g.runs.append(run)
-                break
-        else:
-            ctx.groups.append(Group(runs=[run], settings=settings))
-    out = list(ctxs.values())
-    for ctx in out:
-        assign_labels(ctx.groups)
-        ctx.groups.sort(key=_group_order)
-        for g in ctx.groups:
-            g.runs.sort(key=lambda r: (r.cfg("train.seed", 0) or 0, r.name))
-        _pick_target(ctx, target)
-    out.sort(key=lambda c: (c.model, c.dataset, c.workers or 0, c.network))
-    return out
-
-
-def _pick_target(ctx: Context, override: float | None) -> None:
-    if override is not None:
-        t = override
-        if ctx.metric in ("top1", "top5") and t > 1:
-            t = t / 100
-            ctx.target_note = f"--target {override:g} read as {t:g} ({ctx.metric} is a fraction)"
-        ctx.target = t
-        return
-    targets = [r.target for r in ctx.runs if r.target is not None]
-    if not targets:
-        return
-    values, counts = np.unique(np.array(targets), return_counts=True)
-    ctx.target = float(values[np.argmax(counts)])
-    if len(values) > 1:
-        ctx.target_note = (f"runs have different targets ({', '.join(f'{v:g}' for v in values)}); "
-                           f"using the most common, {ctx.target:g} (override with --target)")

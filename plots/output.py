@@ -12,16 +12,7 @@ import io
 import os
 from dataclasses import dataclass, field
 
-
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+from gravac.results import atomic_write
 
 
 def csv_text(rows: list[dict], columns: list[str]) -> str:
@@ -51,15 +42,15 @@ class Outputs:
         for ext in self.formats:
             buf = io.BytesIO()
             fig.savefig(buf, format=ext, dpi=200, bbox_inches="tight", pad_inches=0.02)
-            atomic_write_bytes(os.path.join(self.folder, f"{stem}.{ext}"), buf.getvalue())
+            atomic_write(os.path.join(self.folder, f"{stem}.{ext}"), buf.getvalue())
             names.append(f"{stem}.{ext}")
         plt.close(fig)
         self.made.append((" ".join(names), description))
 
     def table(self, stem: str, markdown: str, rows: list[dict], columns: list[str], description: str) -> None:
         """Write STEM.md (for reading) and STEM.csv (every number, unformatted)."""
-        atomic_write_text(os.path.join(self.folder, f"{stem}.md"), markdown)
-        atomic_write_text(os.path.join(self.folder, f"{stem}.csv"), csv_text(rows, columns))
+        atomic_write(os.path.join(self.folder, f"{stem}.md"), markdown)
+        atomic_write(os.path.join(self.folder, f"{stem}.csv"), csv_text(rows, columns))
         self.made.append((f"{stem}.md {stem}.csv", description))
 
     def skip(self, what: str, reason: str) -> None:
@@ -74,4 +65,4 @@ class Outputs:
             lines += ["", "## Incomplete runs (used for what they contain)", ""]
             lines += [f"- `{path}`: {'; '.join(why)}" for path, why in incomplete]
         lines += ["", "## Conventions", "", conventions.strip(), ""]
-        atomic_write_text(os.path.join(self.folder, "README.md"), "\n".join(lines))
+        atomic_write(os.path.join(self.folder, "README.md"), "\n".join(lines))

@@ -19,7 +19,8 @@ if __package__ in (None, ""):  # run as `python plots/paper.py`: make the repo i
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from plots import bench, figures, tables  # noqa: E402
-from plots.load import Context, build_contexts, find_runs, load_run  # noqa: E402
+from plots.load import find_runs, load_run  # noqa: E402
+from plots.settings import Context, build_contexts  # noqa: E402
 from plots.output import Outputs  # noqa: E402
 
 CONVENTIONS = """

@@ -19,7 +19,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from plots.labels import fmt_delta, fmt_metric, fmt_num, METRIC_SHORT
-from plots.load import Context, Group, Hit
+from plots.load import Hit
+from plots.settings import Context, Group
 
 FIELDS = {"floats": "floats sent", "wire": "wire bytes", "model_s": "modelled s", "wall_s": "wall s",
           "step": "steps"}
@@ -224,18 +225,8 @@ def mean_cf(group: Group) -> float:
 
 
 def _cf_text(group: Group) -> str:
-    r = group.first
-    if r.method == "static":
-        return f"{r.cf:g}x" if r.cf else "?"
-    if r.method == "dense":
-        return "1x"
-    if r.method == "gravac":
-        lo, hi = r.cfg("method.cf_min"), r.cfg("method.cf_max")
-        return f"{lo:g}x–{hi:g}x" if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else "adaptive"
-    if r.method == "accordion":
-        lo, hi = r.cfg("method.cf_low"), r.cfg("method.cf_high")
-        return f"{lo:g}x/{hi:g}x" if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else "adaptive"
-    return "?"
+    """The CFs a setting uses, as its method states them (summary `setting.cf_text`)."""
+    return str(group.first.setting.get("cf_text", "?"))
 
 
 def static_table(contexts: list[Context], reference: str) -> tuple[str, list[dict], list[str]]:

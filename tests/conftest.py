@@ -21,6 +21,30 @@ def compose(overrides: list[str] | None = None):
         return hydra_compose(config_name="config", overrides=overrides or [])
 
 
+def make_run(**sections):
+    """A checked RunConfig from plain per-section values, e.g. make_run(method=dict(name="gravac"))."""
+    from gravac.config import build_config
+    return build_config(sections)
+
+
+def plugin_cfg(kind: str, name: str, **values):
+    """The registered config class of plug-in `name` filled with `values`, unchecked (so tests of
+    the builders' own errors still reach them); an unknown name gets the kind's base class."""
+    from gravac.registry import registries
+    from gravac.schema import SECTIONS
+    reg = registries()[kind]
+    cls = reg[name].config if name in reg else SECTIONS[kind]
+    return cls(name=name, **values)
+
+
+def model_cfg(name: str, **values):
+    return plugin_cfg("model", name, **values)
+
+
+def dataset_cfg(name: str, **values):
+    return plugin_cfg("dataset", name, **values)
+
+
 def run_cli(args: list[str], timeout: float = 600, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
     """Run `python bench/run.py ARGS` in a subprocess and capture its output."""
     e = dict(os.environ)

@@ -11,7 +11,7 @@ from gravac.comm import SimGroup
 from gravac.methods import StepContext, build_method
 from gravac.methods.accordion import regimes
 from gravac.netmodel import NetworkModel
-from gravac.schema import CompressorCfg, MethodCfg, RunConfig
+from conftest import make_run
 
 SIZES = [400, 300, 300]
 W, SPE = 2, 4                                # workers, steps per epoch
@@ -20,8 +20,7 @@ W, SPE = 2, 4                                # workers, steps per epoch
 def make(granularity="layer", compressor="topk", accumulate="local", sizes=SIZES, **method):
     m = dict(name="accordion", cf_low=1.0, cf_high=50.0, switch_freq=2, eta=0.5)
     m.update(method)
-    cfg = RunConfig(method=MethodCfg(**m), compressor=CompressorCfg(name=compressor, granularity=granularity))
-    cfg.method.accumulate = accumulate                 # not a schema field (yet): read with getattr
+    cfg = make_run(method={**m, "accumulate": accumulate}, compressor=dict(name=compressor, granularity=granularity))
     return build_method(cfg, SimGroup(W, NetworkModel.from_cfg(cfg.network)), sizes, torch.device("cpu"))
 
 

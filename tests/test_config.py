@@ -126,3 +126,28 @@ def test_help_lists_groups():
 def test_dense_ignores_a_compressor_so_grids_work():
     run = build_config(compose(["method=dense", "compressor=topk"]))
     assert run.method.name == "dense" and run.compressor.name == "none"
+
+
+def builtins(kind: str) -> list:
+    """The library's own registered plug-ins of a kind (test modules may register toys)."""
+    from gravac.registry import registries
+    return [e for e in registries()[kind].entries() if e.target.__module__.startswith(("compressors", "gravac"))]
+
+
+def test_every_registered_plugin_has_a_yaml_and_every_yaml_a_plugin():
+    """The registries and conf/ agree: a built-in is one module plus one YAML, nothing more."""
+    from gravac.schema import PLUGGABLE
+    for kind in PLUGGABLE:
+        names = {e.name for e in builtins(kind)} | ({"none"} if kind == "compressor" else set())
+        assert set(_options(kind)) == names, kind
+
+
+def test_help_comes_from_the_registries():
+    """--help lists every plug-in with its description and options, from the registries."""
+    r = run_cli(["--help"], timeout=120)
+    assert r.returncode == 0
+    from gravac.schema import PLUGGABLE
+    for kind in PLUGGABLE:
+        for e in builtins(kind):
+            assert f"    {e.name:13} {e.doc}" in r.stdout, (kind, e.name)
+    assert "sample_ratio=0.01" in r.stdout and "epsilon=0.7" in r.stdout and "options/" not in r.stdout

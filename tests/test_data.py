@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gravac.data import (DataError, ImageDataset, LMDataset, augment_batch, batchify, load_dataset, normalize)
-from gravac.schema import DatasetCfg
+from conftest import dataset_cfg
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
@@ -45,14 +45,14 @@ def _ids(x: torch.Tensor) -> np.ndarray:
 
 
 def test_synthetic_shapes_and_determinism():
-    cfg = DatasetCfg(name="synthetic", num_classes=7, image_size=12, train_size=700, test_size=140, seed=3)
+    cfg = dataset_cfg(name="synthetic", num_classes=7, image_size=12, train_size=700, test_size=140, seed=3)
     a, b = load_dataset(cfg), load_dataset(cfg)
     assert (a.task, a.num_classes, a.train_size, a.eval_size) == ("classification", 7, 700, 140)
     assert a.train_x.shape == (700, 12, 12, 3) and a.train_x.dtype == np.uint8
     assert np.array_equal(a.train_x, b.train_x) and np.array_equal(a.test_y, b.test_y)
     assert set(np.unique(a.train_y)) == set(range(7))
     assert np.bincount(a.train_y).min() == 100  # balanced
-    c = load_dataset(DatasetCfg(name="synthetic", num_classes=7, image_size=12, train_size=700, test_size=140, seed=4))
+    c = load_dataset(dataset_cfg(name="synthetic", num_classes=7, image_size=12, train_size=700, test_size=140, seed=4))
     assert not np.array_equal(a.train_x, c.train_x)
     x, y = a.train_loader(0, 1, 16, 0).next_batch()
     assert x.shape == (16, 3, 12, 12) and x.dtype == torch.float32 and y.dtype == torch.int64
@@ -60,7 +60,7 @@ def test_synthetic_shapes_and_determinism():
 
 
 def test_synthetic_is_learnable_but_not_trivial():
-    ds = load_dataset(DatasetCfg(name="synthetic"))
+    ds = load_dataset(dataset_cfg(name="synthetic"))
     tr = ds.train_x.reshape(ds.train_size, -1).astype(np.float32)
     te = ds.test_x.reshape(ds.eval_size, -1).astype(np.float32)
     centroids = np.stack([tr[ds.train_y == k].mean(0) for k in range(ds.num_classes)])
@@ -73,7 +73,7 @@ def test_synthetic_is_learnable_but_not_trivial():
 
 def test_synthetic_generation_is_fast():
     t = time.perf_counter()
-    load_dataset(DatasetCfg(name="synthetic"))
+    load_dataset(dataset_cfg(name="synthetic"))
     assert time.perf_counter() - t < 5.0  # ~0.5 s normally; generous for a loaded machine
 
 
@@ -129,7 +129,7 @@ def test_batchify_matches_standard_recipe():
 
 
 def test_same_seed_same_batches_and_different_seed_differs():
-    ds = load_dataset(DatasetCfg(name="synthetic", train_size=512, test_size=64))
+    ds = load_dataset(dataset_cfg(name="synthetic", train_size=512, test_size=64))
     a, b, c = (ds.train_loader(1, 2, 16, s) for s in (7, 7, 8))
     for _ in range(5):
         (xa, ya), (xb, yb) = a.next_batch(), b.next_batch()
@@ -140,7 +140,7 @@ def test_same_seed_same_batches_and_different_seed_differs():
 
 @pytest.mark.parametrize("advance", [0, 3, 7, 8, 19])
 def test_state_dict_resume_gives_identical_batches(advance):
-    ds = load_dataset(DatasetCfg(name="synthetic", train_size=256, test_size=64))  # augmentation on
+    ds = load_dataset(dataset_cfg(name="synthetic", train_size=256, test_size=64))  # augmentation on
     loader = ds.train_loader(0, 2, 16, seed=1)  # 8 steps per epoch
     for _ in range(advance):
         loader.next_batch()
@@ -203,7 +203,7 @@ def test_augment_random_batch_keeps_shape_dtype_and_varies():
 def test_loader_batches_match_reference_pipeline():
     """The loader's numpy pipeline equals crop/flip + torchvision-style normalisation done by hand."""
     from gravac.data.augment import crop_flip_nhwc
-    ds = load_dataset(DatasetCfg(name="synthetic", train_size=256, test_size=64))
+    ds = load_dataset(dataset_cfg(name="synthetic", train_size=256, test_size=64))
     x, y = ds.train_loader(0, 1, 16, 0).next_batch()
     assert x.is_contiguous() and x.shape == (16, 3, 16, 16)
     xe, ye = next(ds.eval_batches(16))
@@ -237,14 +237,14 @@ def test_eval_batches_cover_exactly_once():
 
 def test_unknown_dataset_and_bad_split():
     with pytest.raises(DataError, match="cifar10"):
-        load_dataset(DatasetCfg(name="imagenet"))
+        load_dataset(dataset_cfg(name="imagenet"))
     with pytest.raises(DataError, match="eval_split"):
-        load_dataset(DatasetCfg(name="synthetic", eval_split="valid"))
+        load_dataset(dataset_cfg(name="synthetic", eval_split="valid"))
 
 
 def test_missing_cifar10_is_a_clear_error(tmp_path):
     with pytest.raises(DataError) as e:
-        load_dataset(DatasetCfg(name="cifar10", root=str(tmp_path), download=False, cache_dir=str(tmp_path / "c")))
+        load_dataset(dataset_cfg(name="cifar10", root=str(tmp_path), download=False, cache_dir=str(tmp_path / "c")))
     msg = str(e.value)
     assert "\n" not in msg and str(tmp_path) in msg and "cifar-10-batches-py" in msg
     assert "GRAVAC_DATA_DIR" in msg and "dataset.root" in msg and isinstance(e.value, ValueError)
@@ -259,27 +259,27 @@ def test_cifar_download_failure_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(tvd.CIFAR10, "download", _offline)
     monkeypatch.setattr(tvd.CIFAR100, "download", _offline)
     with pytest.raises(DataError, match="download.*failed.*no network"):
-        load_dataset(DatasetCfg(name="cifar10", root=str(tmp_path), download=True))
+        load_dataset(dataset_cfg(name="cifar10", root=str(tmp_path), download=True))
     with pytest.raises(DataError) as e:
-        load_dataset(DatasetCfg(name="cifar100", root=str(tmp_path), download=True))
+        load_dataset(dataset_cfg(name="cifar100", root=str(tmp_path), download=True))
     msg = str(e.value)
     assert "cifar-100-python" in msg and str(tmp_path) in msg and "no network" in msg and "offline" in msg
 
 
 def test_missing_cifar100_is_a_clear_error(tmp_path):
     with pytest.raises(DataError) as e:
-        load_dataset(DatasetCfg(name="cifar100", root=str(tmp_path), download=False))
+        load_dataset(dataset_cfg(name="cifar100", root=str(tmp_path), download=False))
     msg = str(e.value)
     assert "\n" not in msg and "cifar-100-python" in msg and str(tmp_path) in msg and "offline" in msg
 
 
 def test_missing_ptb_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"ptb\.train\.txt.*GRAVAC_DATA_DIR"):
-        load_dataset(DatasetCfg(name="ptb", root=str(tmp_path), download=False))
+        load_dataset(dataset_cfg(name="ptb", root=str(tmp_path), download=False))
     import gravac.data.ptb as ptb
     monkeypatch.setattr(ptb.urllib.request, "urlopen", _offline)
     with pytest.raises(DataError, match=r"ptb\.train\.txt.*download.*failed.*no network"):
-        load_dataset(DatasetCfg(name="ptb", root=str(tmp_path), download=True))
+        load_dataset(dataset_cfg(name="ptb", root=str(tmp_path), download=True))
 
 
 # ---------------------------------------------------------------------------------------------- ImageFolder + cache
@@ -301,7 +301,7 @@ def test_imagefolder_layout_cache_and_invalidation(tmp_path):
     imgs = _write_folder(tmp_path / "data" / "cifar10")
     cache = tmp_path / "cache"
     for root in (tmp_path / "data", tmp_path / "data" / "cifar10"):  # parent of cifar10/ or cifar10/ itself
-        ds = load_dataset(DatasetCfg(name="cifar10", root=str(root), cache_dir=str(cache)))
+        ds = load_dataset(dataset_cfg(name="cifar10", root=str(root), cache_dir=str(cache)))
         assert (ds.train_size, ds.eval_size, ds.num_classes) == (20, 20, 10)
         assert ds.classes == CIFAR10_CLASSES and ds.train_y.tolist() == [c for c in range(10) for _ in range(2)]
         assert np.array_equal(np.asarray(ds.train_x), imgs[0].reshape(20, 32, 32, 3))  # PNG: lossless
@@ -311,7 +311,7 @@ def test_imagefolder_layout_cache_and_invalidation(tmp_path):
     p = tmp_path / "data" / "cifar10" / "test" / "cat" / "0000.png"
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(p)
     os.utime(p, ns=(1, 1))
-    ds = load_dataset(DatasetCfg(name="cifar10", root=str(tmp_path / "data"), cache_dir=str(cache)))
+    ds = load_dataset(dataset_cfg(name="cifar10", root=str(tmp_path / "data"), cache_dir=str(cache)))
     assert int(np.asarray(ds.test_x[6]).max()) == 0
     assert len(list(cache.glob("cifar10-*"))) == 2
 
@@ -321,7 +321,7 @@ def test_unwritable_cache_only_warns(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     with pytest.warns(UserWarning, match="cache"):
-        ds = load_dataset(DatasetCfg(name="cifar10", root=str(tmp_path), cache_dir=str(blocker / "sub")))
+        ds = load_dataset(dataset_cfg(name="cifar10", root=str(tmp_path), cache_dir=str(blocker / "sub")))
     assert ds.train_size == 10
 
 
@@ -329,7 +329,7 @@ def test_imagefolder_wrong_classes(tmp_path):
     (tmp_path / "cifar10" / "train" / "dogs").mkdir(parents=True)
     (tmp_path / "cifar10" / "test" / "dogs").mkdir(parents=True)
     with pytest.raises(DataError, match="expected class folders airplane"):
-        load_dataset(DatasetCfg(name="cifar10", root=str(tmp_path), cache_dir=str(tmp_path / "c")))
+        load_dataset(dataset_cfg(name="cifar10", root=str(tmp_path), cache_dir=str(tmp_path / "c")))
 
 
 # ---------------------------------------------------------------------------------------------- real data
@@ -338,7 +338,7 @@ def test_imagefolder_wrong_classes(tmp_path):
 @pytest.mark.slow
 def test_cifar10_imagefolder_real(tmp_path):
     root = _data_dir("cifar10")
-    cfg = DatasetCfg(name="cifar10", root=str(root), cache_dir=str(tmp_path))
+    cfg = dataset_cfg(name="cifar10", root=str(root), cache_dir=str(tmp_path))
     ds = load_dataset(cfg)                      # cold: decodes 60,000 JPEGs (~10-20 s)
     assert (ds.train_size, ds.eval_size, ds.num_classes) == (50_000, 10_000, 10)
     assert ds.classes == CIFAR10_CLASSES
@@ -371,10 +371,10 @@ def test_cifar10_real_layout():
 def test_ptb_real(tmp_path):
     root = _data_dir("ptb")
     for r in (root, root / "ptb"):
-        ds = load_dataset(DatasetCfg(name="ptb", root=str(r), cache_dir=str(tmp_path)))
+        ds = load_dataset(dataset_cfg(name="ptb", root=str(r), cache_dir=str(tmp_path)))
         assert (ds.task, ds.num_classes, ds.train_size, ds.eval_size) == ("lm", 10_000, 929_589, 82_430)
         assert "<unk>" in ds.vocab and "<eos>" in ds.vocab and len(set(ds.vocab)) == 10_000
-    valid = load_dataset(DatasetCfg(name="ptb", root=str(root), cache_dir=str(tmp_path), eval_split="valid"))
+    valid = load_dataset(dataset_cfg(name="ptb", root=str(root), cache_dir=str(tmp_path), eval_split="valid"))
     assert valid.eval_size == 73_760
     first_line = (root / "ptb" / "ptb.train.txt").read_text().split("\n", 1)[0].split() + ["<eos>"]
     assert [ds.vocab[i] for i in ds.train_ids[: len(first_line)]] == first_line
@@ -385,7 +385,7 @@ def test_ptb_real(tmp_path):
 def test_cache_concurrent_builders_build_once(tmp_path):
     """Concurrent starts (e.g. ddp ranks) wait on a lock: one builds, the others read its cache."""
     import threading
-    from gravac.data.base import cached_arrays
+    from gravac.data.files import cached_arrays
     calls = []
 
     def build():

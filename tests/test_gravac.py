@@ -11,7 +11,8 @@ from gravac.comm import SimGroup
 from gravac.methods import StepContext, build_method
 from gravac.methods.gravac import GraVACController
 from gravac.netmodel import NetworkModel
-from gravac.schema import CompressorCfg, MethodCfg, RunConfig
+from conftest import make_run
+from gravac.schema import RunConfig
 
 
 def ctl(**kw) -> GraVACController:
@@ -212,7 +213,7 @@ N, W = 1000, 2                                   # elements, workers
 def gravac_cfg(granularity="flat", **method) -> RunConfig:
     m = dict(name="gravac", cf_min=10, cf_max=1000, window=1000, step=2, epsilon=0.7, omega=0.01, ewma=1.0)
     m.update(method)
-    return RunConfig(method=MethodCfg(**m), compressor=CompressorCfg(name="topk", granularity=granularity))
+    return make_run(method=m, compressor=dict(name="topk", granularity=granularity))
 
 
 def make(cfg: RunConfig, sizes=(N,)):

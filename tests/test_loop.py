@@ -16,7 +16,8 @@ SMALL = ["dataset.image_size=8", "dataset.train_size=512", "dataset.test_size=12
 
 
 def _run(tmp_path: Path, args: list[str], env: dict | None = None, timeout=300):
-    r = run_cli([*SMALL, f"experiment.results_root={tmp_path}", *args], timeout=timeout, env=env)
+    small = [a for a in SMALL if not (a.startswith("model.") and any(x.startswith("model=") for x in args))]
+    r = run_cli([*small, f"experiment.results_root={tmp_path}", *args], timeout=timeout, env=env)
     runs = sorted(p for p in tmp_path.glob("*/*") if p.is_dir())
     return r, runs
 

@@ -13,7 +13,8 @@ import torch
 from gravac.comm import DistGroup, SimGroup
 from gravac.methods import StepContext, build_method
 from gravac.netmodel import NetworkModel
-from gravac.schema import CompressorCfg, MethodCfg, RunConfig
+from conftest import make_run
+from gravac.schema import RunConfig
 
 WORLD = 2
 SIZES = [500, 300, 200]
@@ -29,12 +30,19 @@ SCENARIOS = {
                                compressor=dict(name="randomk", granularity="layer", shared_indices=False),
                                accumulate="averaged"),
 }
+# static compression with every compressor: floats sent and CF must be the same numbers on sim and
+# ddp also when the count differs by worker (DGC, RedSync: thresholds) or indices do (Random-k)
+for _c, _opts in [("topk", {}), ("dgc", {}), ("redsync", {}), ("randomk", {}),
+                  ("randomk", {"shared_indices": False})]:
+    SCENARIOS[f"static_{_c}" + ("_independent" if _opts else "")] = dict(
+        steps=6, method=dict(name="static"), compressor=dict(name=_c, cf=20, granularity="layer", **_opts))
 JOIN_TIMEOUT_S = 240
+DTYPES = (torch.float64, torch.float16)
 
 
 def config(name: str) -> RunConfig:
     sc = SCENARIOS[name]
-    cfg = RunConfig(method=MethodCfg(**sc["method"]), compressor=CompressorCfg(**sc["compressor"]))
+    cfg = make_run(method=dict(sc["method"]), compressor=dict(sc["compressor"]))
     if "accumulate" in sc:
         cfg.method.accumulate = sc["accumulate"]
     return cfg
@@ -81,6 +89,22 @@ def run_method(name: str, group, ranks: list[int]) -> list[dict]:
     return out
 
 
+def run_dtypes(group, ranks: list[int]) -> dict:
+    """Sparse payloads of other float types through the group: (mean, wire bytes) per dtype."""
+    from compressors import Payload
+    out = {}
+    for dtype in DTYPES:
+        payloads = []
+        for r in ranks:
+            g = torch.Generator().manual_seed(r)
+            idx = torch.randperm(1000, generator=g)[: 50 + 7 * r]
+            vals = (torch.randn(len(idx), generator=g, dtype=torch.float64) / 3).to(dtype)
+            payloads.append(Payload(vals, idx, 1000))
+        mean, comm = group.aggregate(payloads)
+        out[str(dtype)] = (mean, comm.wire_bytes, comm.floats)
+    return out
+
+
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     """One gloo process: run every scenario, save the records (or each scenario's error)."""
     import torch.distributed as dist
@@ -95,6 +119,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
                 results[name] = run_method(name, group, [rank])
             except Exception:
                 results[name] = traceback.format_exc()
+        results["dtypes"] = run_dtypes(group, [rank])
         dist.destroy_process_group()
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     except BaseException:
@@ -167,3 +192,17 @@ def test_ddp_equals_simulated_cluster(ddp_results, name):
     group = SimGroup(WORLD, NetworkModel.from_cfg(RunConfig().network))
     ddp = records(ddp_results, 0, name)
     same(ddp, run_method(name, group, list(range(WORLD))), grad_tol=1e-6)
+
+
+def test_payload_values_travel_in_their_own_dtype(ddp_results):
+    """float64 stays exact on ddp (it used to be rounded to float32) and fp16 sends 2 bytes a value:
+    the mean equals the simulated cluster's bitwise, and wire bytes are what is sent."""
+    sim = run_dtypes(SimGroup(WORLD, NetworkModel.from_cfg(RunConfig().network)), list(range(WORLD)))
+    for rank in range(WORLD):
+        for dtype in DTYPES:
+            mean, wire, floats = ddp_results[rank]["dtypes"][str(dtype)]
+            s_mean, s_wire, s_floats = sim[str(dtype)]
+            assert mean.dtype == dtype and torch.equal(mean, s_mean)
+            elem = torch.tensor([], dtype=dtype).element_size()
+            assert wire == s_wire == 57 * (elem + 4) + 8       # padded to the larger count (50 + 7)
+            assert floats == s_floats == (50 + 57) / 2         # the mean count over workers

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from gravac.data import load_dataset
-from gravac.models import MODEL_NAMES, build_model, count_parameters
-from gravac.schema import DatasetCfg, ModelCfg
+from gravac.models import MODELS, build_model, count_parameters
+from gravac.registry import registries
+from conftest import dataset_cfg, model_cfg
 
 MINI_LSTM = dict(embed_size=32, hidden_size=32, num_layers=2, dropout=0.2)
 
@@ -20,7 +21,7 @@ MINI_LSTM = dict(embed_size=32, hidden_size=32, num_layers=2, dropout=0.2)
 ])
 def test_paper_cnns_shape_and_exact_parameter_count(name, classes, count):
     torch.manual_seed(0)
-    model = build_model(ModelCfg(name=name), classes, "classification")
+    model = build_model(model_cfg(name=name), classes, "classification")
     assert count_parameters(model) == count
     model.eval()
     with torch.no_grad():
@@ -28,7 +29,7 @@ def test_paper_cnns_shape_and_exact_parameter_count(name, classes, count):
 
 
 def test_paper_lstm_shape_and_parameter_count():
-    model = build_model(ModelCfg(name="lstm"), 10_000, "lm")   # 2 layers, 1500 units, dropout 0.65
+    model = build_model(model_cfg(name="lstm"), 10_000, "lm")   # 2 layers, 1500 units, dropout 0.65
     # embedding 15.0M + 2 LSTM layers 2 x 18.012M + decoder 15.01M
     assert count_parameters(model) == 10_000 * 1500 + 2 * (4 * 1500 * 3000 + 8 * 1500) + 1500 * 10_000 + 10_000
     assert model.rnn.dropout == 0.65 and model.drop.p == 0.65
@@ -40,7 +41,7 @@ def test_paper_lstm_shape_and_parameter_count():
 @pytest.mark.parametrize("name", ["resnet_mini", "vgg_mini"])
 @pytest.mark.parametrize("size", [8, 16, 32])
 def test_mini_cnns_any_input_size_and_classes(name, size):
-    model = build_model(ModelCfg(name=name), 7, "classification")
+    model = build_model(model_cfg(name=name), 7, "classification")
     out = model(torch.randn(4, 3, size, size))
     assert out.shape == (4, 7)
     out.sum().backward()
@@ -48,13 +49,13 @@ def test_mini_cnns_any_input_size_and_classes(name, size):
 
 
 def test_mini_width_is_honoured():
-    small = count_parameters(build_model(ModelCfg(name="resnet_mini", width=8), 10, "classification"))
-    base = count_parameters(build_model(ModelCfg(name="resnet_mini", width=16), 10, "classification"))
+    small = count_parameters(build_model(model_cfg(name="resnet_mini", width=8), 10, "classification"))
+    base = count_parameters(build_model(model_cfg(name="resnet_mini", width=16), 10, "classification"))
     assert base == 272_474 and 3.5 < base / small < 4.5  # ResNet-20 at width 16
 
 
 def test_lstm_mini_honours_cfg_and_hidden_state():
-    model = build_model(ModelCfg(name="lstm_mini", **MINI_LSTM), 50, "lm")
+    model = build_model(model_cfg(name="lstm_mini", **MINI_LSTM), 50, "lm")
     h0 = model.init_hidden(4)
     assert h0[0].shape == (2, 4, 32) and h0[0].dtype == torch.float32 and not h0[0].any()
     logits, hidden = model(torch.randint(0, 50, (6, 4)), h0)
@@ -66,23 +67,24 @@ def test_lstm_mini_honours_cfg_and_hidden_state():
 
 
 def test_lstm_tie_weights():
-    cfg = ModelCfg(name="lstm_mini", tie_weights=True, **MINI_LSTM)
+    cfg = model_cfg(name="lstm_mini", tie_weights=True, **MINI_LSTM)
     tied = build_model(cfg, 50, "lm")
     assert tied.decoder.weight is tied.encoder.weight
-    untied = build_model(ModelCfg(name="lstm_mini", **MINI_LSTM), 50, "lm")
+    untied = build_model(model_cfg(name="lstm_mini", **MINI_LSTM), 50, "lm")
     assert count_parameters(untied) - count_parameters(tied) == 50 * 32
     with pytest.raises(ValueError, match="tie_weights"):
-        build_model(ModelCfg(name="lstm_mini", tie_weights=True, embed_size=16, hidden_size=32), 50, "lm")
+        build_model(model_cfg(name="lstm_mini", tie_weights=True, embed_size=16, hidden_size=32), 50, "lm")
 
 
 def test_unknown_name_and_task_mismatch():
     with pytest.raises(ValueError) as e:
-        build_model(ModelCfg(name="resnet50"), 10, "classification")
-    assert all(n in str(e.value) for n in MODEL_NAMES) and "\n" not in str(e.value)
+        build_model(model_cfg(name="resnet50"), 10, "classification")
+    registries()
+    assert all(n in str(e.value) for n in MODELS.names()) and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="lstm.*classification"):
-        build_model(ModelCfg(name="lstm"), 10, "classification")
+        build_model(model_cfg(name="lstm"), 10, "classification")
     with pytest.raises(ValueError, match="resnet_mini.*lm"):
-        build_model(ModelCfg(name="resnet_mini"), 10_000, "lm")
+        build_model(model_cfg(name="resnet_mini"), 10_000, "lm")
 
 
 @pytest.fixture
@@ -96,8 +98,8 @@ def one_thread():
 
 def test_vgg_mini_learns_synthetic(one_thread):
     torch.manual_seed(0)
-    ds = load_dataset(DatasetCfg(name="synthetic"))
-    model = build_model(ModelCfg(name="vgg_mini"), ds.num_classes, ds.task)
+    ds = load_dataset(dataset_cfg(name="synthetic"))
+    model = build_model(model_cfg(name="vgg_mini"), ds.num_classes, ds.task)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loader = ds.train_loader(0, 1, 32, seed=0)
     for _ in range(150):

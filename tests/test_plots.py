@@ -51,6 +51,7 @@ def write_run(root: Path, name: str, method: str, compressor: str, cf: float, fl
         "train": {"steps": STEPS, "eval_every": EVERY, "target_metric": metric, "target": target, "seed": seed},
         "experiment": {"name": "fixture", "run_id": name},
     }
+    config["setting"] = setting_of(config)
     (d / "config.yaml").write_text(yaml.safe_dump(config))
     lines, tot = [], {"floats": 0.0, "wire": 0.0, "model": 0.0, "wall": 0.0}
     for i, f in enumerate(floats):
@@ -87,9 +88,15 @@ def write_run(root: Path, name: str, method: str, compressor: str, cf: float, fl
              "best_metric": (min if metric == "perplexity" else max)(metrics), "target": target, "floats_sent": tot["floats"], "wire_bytes": tot["wire"],
              "wall_s": 123.0, "step_wall_s": tot["wall"], "model_s": tot["model"], "time_source": "modelled",
              "network": {"name": "10gbps", "enabled": True, "latency_us": 10.0, "bandwidth_gbps": 10.0},
-             "cf_histogram": {}, "target_reached": tr}
+             "cf_histogram": {}, "target_reached": tr, "setting": config["setting"]}
         (d / "summary.json").write_text(json.dumps(s))
     return d
+
+
+def setting_of(config: dict) -> dict:
+    """The `setting` block bench/run.py writes into config.yaml and summary.json for this config."""
+    from gravac.config import build_config, saved_config
+    return saved_config(build_config({k: dict(config[k]) for k in ("method", "compressor")}))["setting"]
 
 
 def static_gain(g):
@@ -275,7 +282,8 @@ def test_no_target_reports_why(tmp_path, capsys):
 
 
 def test_seed_replicas_are_grouped_and_settings_told_apart(tmp_path):
-    from plots.load import build_contexts, find_runs, load_run
+    from plots.load import find_runs, load_run
+    from plots.settings import build_contexts
     exp = tmp_path / "runs"
     write_run(exp, "a", "gravac", "dgc", 100.0, [10.0] * 10, [.5] * 5, 0.6, 0.3, seed=0)
     write_run(exp, "b", "gravac", "dgc", 100.0, [10.0] * 10, [.5] * 5, 0.6, 0.3, seed=1)

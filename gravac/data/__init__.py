@@ -1,4 +1,5 @@
-"""Datasets for gravac-bench: CIFAR-10, CIFAR-100, Penn Treebank and a synthetic image task.
+"""Datasets for gravac-bench: CIFAR-10, CIFAR-100, Penn Treebank and a synthetic image task,
+registered by name in `DATASETS` (see registry.py).
 
 `load_dataset(cfg)` returns a `Dataset`; `ds.train_loader(rank, world, batch_size, seed)` gives
 each data-parallel worker a `WorkerLoader` over its disjoint shard and `ds.eval_batches(...)` the
@@ -10,33 +11,10 @@ with one line saying what is missing, where it was looked for and how to fix it.
 from __future__ import annotations
 
 from gravac.data.augment import augment_batch, normalize
-from gravac.data.base import (DataError, Dataset, ImageDataset, ImageLoader, LMDataset, LMLoader, WorkerLoader,
-                              batchify, resolve_cache_dir, resolve_root)
+from gravac.data.base import Dataset, ImageDataset, LMDataset
+from gravac.data.files import DataError, resolve_cache_dir, resolve_root
+from gravac.data.loaders import ImageLoader, LMLoader, WorkerLoader, batchify
+from gravac.data.registry import DATASETS, load_dataset
 
-DATASET_NAMES: tuple[str, ...] = ("synthetic", "cifar10", "cifar100", "ptb")
-
-__all__ = ["DATASET_NAMES", "DataError", "Dataset", "ImageDataset", "LMDataset", "WorkerLoader", "ImageLoader",
+__all__ = ["DATASETS", "DataError", "Dataset", "ImageDataset", "LMDataset", "WorkerLoader", "ImageLoader",
            "LMLoader", "load_dataset", "augment_batch", "normalize", "batchify", "resolve_root", "resolve_cache_dir"]
-
-
-def load_dataset(cfg) -> Dataset:
-    """Load (or generate) the dataset named by cfg.name; see the module docstring."""
-    name = cfg.name
-    if name == "synthetic":
-        from gravac.data.synthetic import load_synthetic
-        ds = load_synthetic(cfg)
-    elif name == "cifar10":
-        from gravac.data.cifar import load_cifar10
-        ds = load_cifar10(cfg)
-    elif name == "cifar100":
-        from gravac.data.cifar import load_cifar100
-        ds = load_cifar100(cfg)
-    elif name == "ptb":
-        from gravac.data.ptb import load_ptb
-        return load_ptb(cfg)
-    else:
-        raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASET_NAMES)}")
-    split = cfg.eval_split
-    if split != "test":
-        raise DataError(f"dataset.eval_split={split!r} is not available for {name} (only 'test'; 'valid' is for ptb)")
-    return ds

@@ -17,7 +17,13 @@ from typing import Optional
 
 import numpy as np
 
-from gravac.data.base import DataError, ImageDataset, cached_arrays, fingerprint, resolve_cache_dir, resolve_root
+from dataclasses import dataclass
+
+from compressors.registry import option
+from gravac.data.base import ImageDataset
+from gravac.data.files import DataError, cached_arrays, fingerprint, resolve_cache_dir, resolve_root
+from gravac.data.registry import DATASETS
+from gravac.schema import DatasetCfg
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -148,7 +154,23 @@ def _where(root: Path) -> str:
     return f"set dataset.root= or GRAVAC_DATA_DIR to the folder that holds it (looked in {root})"
 
 
-def load_cifar10(cfg) -> ImageDataset:
+@dataclass
+class CifarCfg(DatasetCfg):
+    """download: fetch through torchvision when the files are missing (needs internet);
+    augment: random crop (pad 4) + horizontal flip of training images."""
+    download: bool = True
+    augment: bool = True
+    num_classes: int = option(10, choices=(10,))
+
+
+@dataclass
+class Cifar100Cfg(CifarCfg):
+    num_classes: int = option(100, choices=(100,))
+
+
+@DATASETS.register("cifar10", CifarCfg, task="classification")
+def load_cifar10(cfg: CifarCfg) -> ImageDataset:
+    """CIFAR-10: torchvision's cifar-10-batches-py or an ImageFolder of JPEGs under dataset.root"""
     root = resolve_root(cfg.root)
     if root.name == "cifar-10-batches-py":
         root = root.parent
@@ -170,7 +192,9 @@ def load_cifar10(cfg) -> ImageDataset:
                         classes=CIFAR10_CLASSES)
 
 
-def load_cifar100(cfg) -> ImageDataset:
+@DATASETS.register("cifar100", Cifar100Cfg, task="classification")
+def load_cifar100(cfg: Cifar100Cfg) -> ImageDataset:
+    """CIFAR-100: torchvision's cifar-100-python under dataset.root"""
     root = resolve_root(cfg.root)
     if root.name == "cifar-100-python":
         root = root.parent

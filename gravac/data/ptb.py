@@ -15,7 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from gravac.data.base import DataError, LMDataset, cached_arrays, fingerprint, resolve_cache_dir, resolve_root
+from dataclasses import dataclass
+
+from compressors.registry import option
+from gravac.data.base import LMDataset
+from gravac.data.files import DataError, cached_arrays, fingerprint, resolve_cache_dir, resolve_root
+from gravac.data.registry import DATASETS
+from gravac.schema import DatasetCfg
 
 SPLITS = ("train", "valid", "test")
 EOS, UNK = "<eos>", "<unk>"
@@ -81,7 +87,16 @@ def _tokenise(src: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def load_ptb(cfg) -> LMDataset:
+@dataclass
+class PTBCfg(DatasetCfg):
+    """bptt: sequence length of one training step; download: fetch Mikolov's files if missing."""
+    download: bool = False
+    bptt: int = option(35, check=lambda v: v >= 1, valid=">= 1")
+
+
+@DATASETS.register("ptb", PTBCfg, task="lm")
+def load_ptb(cfg: PTBCfg) -> LMDataset:
+    """Penn Treebank, word level: ptb.{train,valid,test}.txt under dataset.root/ptb"""
     src = _ptb_dir(resolve_root(cfg.root), cfg.download)
     split = cfg.eval_split
     if split not in ("valid", "test"):

@@ -12,7 +12,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gravac.data.base import DataError, ImageDataset
+from dataclasses import dataclass
+
+from compressors.registry import option
+from gravac.data.base import ImageDataset
+from gravac.data.files import DataError
+from gravac.data.registry import DATASETS
+from gravac.schema import DatasetCfg
 
 
 def _smooth(n: int, size: int, res: int, gen: torch.Generator) -> torch.Tensor:
@@ -39,7 +45,21 @@ def _samples(protos: torch.Tensor, n: int, noise: float, gen: torch.Generator) -
     return img.permute(0, 2, 3, 1).contiguous().numpy(), y.numpy()
 
 
-def load_synthetic(cfg) -> ImageDataset:
+@dataclass
+class SyntheticCfg(DatasetCfg):
+    """A deterministic, learnable image-classification task generated from `seed` (no files)."""
+    augment: bool = False
+    num_classes: int = option(10, check=lambda v: v >= 2, valid=">= 2")
+    image_size: int = option(16, check=lambda v: v >= 8, valid=">= 8")
+    train_size: int = option(8192, check=lambda v: v >= 1, valid=">= 1")
+    test_size: int = option(2048, check=lambda v: v >= 1, valid=">= 1")
+    noise: float = option(1.0, check=lambda v: v >= 0, valid=">= 0")
+    seed: int = 0
+
+
+@DATASETS.register("synthetic", SyntheticCfg, task="classification",
+                   doc="learnable images generated from a seed: no files, no download (the default)")
+def load_synthetic(cfg: SyntheticCfg) -> ImageDataset:
     """Generate the task described by cfg (num_classes, image_size, train_size, test_size, noise, seed)."""
     k, s = int(cfg.num_classes), int(cfg.image_size)
     if k < 2 or s < 8 or cfg.train_size < 1 or cfg.test_size < 1 or cfg.noise < 0:

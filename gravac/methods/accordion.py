@@ -25,10 +25,28 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import torch
 
-from gravac.methods.base import CompressingMethod, StepContext, StepResult
+from compressors.registry import option
+from gravac.methods.base import METHODS, CompressingMethod, StepContext, StepResult
+from gravac.schema import MethodCfg
+
+
+@dataclass
+class AccordionCfg(MethodCfg):
+    """Defaults as the GraVAC paper runs Accordion: Random-k 1.5x / 1000x, checks every 10 epochs."""
+    cf_low: float = option(1.5, check=lambda v: v >= 1, valid=">= 1")       # CF in critical regimes
+    cf_high: float = option(1000.0, check=lambda v: v >= 1, valid=">= 1")   # CF otherwise
+    switch_freq: int = option(10, check=lambda v: v >= 1, valid=">= 1")     # epochs between checks (5 for LSTMs)
+    eta: float = option(0.5, check=lambda v: v > 0, valid="> 0")            # relative norm change = critical
+    accumulate: str = option("local", choices=("local", "averaged"))       # see the module docstring
+
+    def errors(self, prefix: str) -> list[str]:
+        if self.cf_high < self.cf_low:
+            return [f"{prefix}.cf_high={self.cf_high} must be >= {prefix}.cf_low={self.cf_low}"]
+        return []
 
 
 def regimes(prev: list[float] | None, new: list[float], eta: float) -> tuple[list[bool], list[float | None]]:
@@ -47,24 +65,31 @@ def regimes(prev: list[float] | None, new: list[float], eta: float) -> tuple[lis
     return low, ratios
 
 
+@METHODS.register("accordion", AccordionCfg, doc="Accordion: low/high CF per layer by critical regimes (Agarwal et al. 2021)")
 class Accordion(CompressingMethod):
     """Per-layer switching between cf_low and cf_high at gradient-norm checks; see module doc."""
     name = "accordion"
+    order = 2
 
-    def __init__(self, cfg, group, sizes, device):
-        super().__init__(cfg, group, sizes, device)
-        m = cfg.method
+    def __init__(self, cfg: AccordionCfg, compressor, env):
+        super().__init__(cfg, compressor, env)
+        m = cfg
         self.cf_low, self.cf_high, self.eta, self.freq = m.cf_low, m.cf_high, m.eta, m.switch_freq
-        seg = list(sizes) if cfg.compressor.granularity == "layer" else [self.numel]
+        seg = list(self.sizes) if compressor.granularity == "layer" else [self.numel]
         self.bounds = list(zip(itertools.accumulate(seg, initial=0), seg))   # (offset, size)
         self.low = [True] * len(seg)           # low compression until the first check
         self.prev_norms: list[float] | None = None
         self.epoch = 0                         # the epoch whose steps are being accumulated
         self.accum: torch.Tensor | None = None  # rank 0 only, during check epochs
-        accumulate = m.accumulate
-        if accumulate not in ("local", "averaged"):
-            raise ValueError(f"method.accumulate must be local or averaged, got {accumulate!r}")
-        self.local = accumulate == "local"
+        self.local = m.accumulate == "local"
+
+    @classmethod
+    def label(cls, cfg: AccordionCfg, comp) -> str:
+        return f"Accordion ({comp.name} {cfg.cf_low:g}x/{cfg.cf_high:g}x)"
+
+    @classmethod
+    def cf_text(cls, cfg: AccordionCfg, comp) -> str:
+        return f"{cfg.cf_low:g}x/{cfg.cf_high:g}x"
 
     # --- decisions --------------------------------------------------------------------------
     def _cfs(self):
@@ -121,18 +146,14 @@ class Accordion(CompressingMethod):
                         "reason": "check+lr_decay" if decision else "lr_decay"}
         if self.local:
             self._accumulate(grads[0])          # the main process hosts rank 0 first
-        comps, payloads, compress_s = self.compress_all(grads, self._cfs(), ctx.step)
-        avg, comm = self.group.aggregate(payloads)
-        for mem, comp, p in zip(self.memories[0], comps, payloads):
-            mem.update(comp, p)
-        if not self.local:
-            self._accumulate(avg)
-        nnz = sum(p.nnz for p in payloads) / len(payloads)
         extra = {"cf_low_layers": sum(self.low)}
         if decision is not None:
             extra["accordion_decision"] = decision
-        return StepResult(grad=avg, cf=self.numel / nnz, floats_sent=nnz, comm=comm,
-                          compress_s=compress_s, extra=extra)
+        c = self.compress_all(grads, self._cfs(), ctx.step)
+        res = self.finish(c.comps, c.payloads, c.seconds, extra=extra)
+        if not self.local:
+            self._accumulate(res.grad)
+        return res
 
     # --- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:

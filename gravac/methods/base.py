@@ -1,8 +1,13 @@
-"""What every adaptivity policy shares: the step interface and per-worker compression plumbing.
+"""What every method shares: the step interface, the method registry, and the compression step.
 
-A Method gets each local worker's flat gradient for the step, decides a CF (the same on every
-worker), compresses with per-worker error feedback, communicates through the Group and returns
-the averaged gradient plus the step's record (CF, floats sent, wire bytes, timings).
+A Method gets each local worker's flat gradient for the step, decides what to send (the same on
+every worker), communicates through the Group and returns the averaged gradient plus the step's
+record (CF, floats sent, wire bytes, timings). `CompressingMethod` holds the compression step,
+written once: compensate (error feedback) -> compress -> aggregate -> update the residuals ->
+StepResult; static, Accordion and GraVAC only choose the CF or level and add record fields.
+
+A method plug-in is a Method subclass registered with `@METHODS.register(name, ItsCfg)`, where
+ItsCfg subclasses MethodCfg with the method's options (see CONTRIBUTING.md).
 """
 from __future__ import annotations
 
@@ -12,9 +17,12 @@ from typing import Any
 
 import torch
 
-from compressors import ErrorFeedback, Layerwise, Payload, build_compressor
+from compressors import COMPRESSORS, ErrorFeedback, Payload, from_config
+from compressors.registry import Registry
 from gravac.comm import CommStats, Group
-from gravac.schema import CompressorCfg, RunConfig
+from gravac.schema import CompressorCfg, MethodCfg
+
+METHODS = Registry("method", MethodCfg)
 
 
 @dataclass
@@ -26,6 +34,7 @@ class StepContext:
     lr_decayed: bool          # the learning rate dropped at this step
     compute_s: float          # cluster compute time of this step (slowest worker)
     samples: int              # samples (or sequences) processed by the whole cluster this step
+    prev_step_s: float | None = None   # the previous step's cluster time on the run's clock, when known
 
 
 @dataclass
@@ -33,23 +42,41 @@ class StepResult:
     """The averaged gradient and what the step cost."""
     grad: torch.Tensor
     cf: float                                  # CF actually sent (1 = dense)
-    floats_sent: float                         # per worker (mean over workers when they differ)
+    floats_sent: float                         # per worker (mean over all workers when they differ)
     comm: CommStats = field(default_factory=CommStats)
-    compress_s: float = 0.0                    # slowest worker's compression time
+    compress_s: float = 0.0                    # slowest local worker's compression time
     extra: dict[str, Any] = field(default_factory=dict)   # method-specific record fields
+
+
+@dataclass
+class MethodEnv:
+    """What a method is built with besides its own config sections."""
+    group: Group
+    sizes: list[int]              # parameter tensor sizes, in the flat gradient's order
+    device: torch.device
+    seed: int = 0                 # the run's seed (compressor randomness derives from it)
+    momentum: float = 0.0         # the optimizer's momentum (a compressor may take it over, as DGC)
+    modelled_time: bool = True    # step times use modelled communication (network on), else measured
 
 
 class Method:
     """Base class: holds the group, the parameter layout and the run seed."""
     name = "base"
+    needs_compressor = False     # config refuses compressor=none when True
+    order = 9                    # position of the method in tables and legends
 
-    def __init__(self, cfg: RunConfig, group: Group, sizes: list[int], device: torch.device):
-        self.cfg, self.group, self.sizes, self.device = cfg, group, sizes, device
-        self.numel = sum(sizes)
-        self.seed = cfg.train.seed
+    def __init__(self, cfg: MethodCfg, compressor: CompressorCfg, env: MethodEnv):
+        self.cfg, self.comp_cfg, self.env = cfg, compressor, env
+        self.group, self.sizes, self.device, self.seed = env.group, list(env.sizes), env.device, env.seed
+        self.numel = sum(self.sizes)
 
     def step(self, grads: list[torch.Tensor], ctx: StepContext) -> StepResult:
         raise NotImplementedError
+
+    @property
+    def optimizer_momentum(self) -> float:
+        """The momentum the optimizer applies (0 when the method keeps it itself)."""
+        return self.env.momentum
 
     def state_dict(self) -> dict:
         return {}
@@ -61,52 +88,135 @@ class Method:
         """Seed for a compressor's randomness: shared by all workers unless `rank` differs."""
         return (self.seed * 1_000_003 + step * 101 + level * 7 + rank * 7_919) % (2**62)
 
+    # --- what a configuration means, without building the method ---------------------------
+    @classmethod
+    def label(cls, cfg: MethodCfg, comp: CompressorCfg) -> str:
+        """Human-readable name of the setting, for plots and tables."""
+        return cfg.name
 
-def make_compressor(cfg: CompressorCfg, sizes: list[int]):
-    """The configured compressor, wrapped per layer when granularity=layer."""
-    options: dict[str, Any] = {}
-    if cfg.name == "dgc":
-        options["sample_ratio"] = cfg.sample_ratio
-    elif cfg.name == "redsync":
-        options["max_iters"] = cfg.max_iters
-    elif cfg.name == "randomk":
-        options["shared_indices"] = cfg.shared_indices
-    comp = build_compressor(cfg.name, **options)
-    return Layerwise(comp, sizes) if cfg.granularity == "layer" else comp
+    @classmethod
+    def ignores(cls, cfg: MethodCfg, comp: CompressorCfg) -> list[str]:
+        """Config key prefixes the method does not use (so plots ignore them)."""
+        return [] if cls.needs_compressor else ["compressor."]
+
+    @classmethod
+    def cf_text(cls, cfg: MethodCfg, comp: CompressorCfg) -> str:
+        """The CFs the setting uses, for tables ("10x", "10x–1000x")."""
+        return "adaptive"
+
+    @classmethod
+    def sort_values(cls, cfg: MethodCfg, comp: CompressorCfg) -> list:
+        """Values ordering settings of this method and compressor in tables (e.g. the CF)."""
+        return []
+
+    @classmethod
+    def describe(cls, cfg: MethodCfg, comp: CompressorCfg) -> dict:
+        """The run's setting as config.yaml and summary.json state it, so plots need not import the
+        library: label, style family, sort order, CF text, compressor label, ignored config keys."""
+        registered = comp.name in COMPRESSORS
+        order = [cls.order, COMPRESSORS[comp.name].extra.get("order", 9) if registered else 0, comp.name]
+        return {"label": cls.label(cfg, comp), "family": cfg.name, "order": order + cls.sort_values(cfg, comp),
+                "cf_text": cls.cf_text(cfg, comp), "ignores": cls.ignores(cfg, comp),
+                "compressor_label": COMPRESSORS[comp.name].label if registered else comp.name}
+
+    @classmethod
+    def state_bytes(cls, cfg: MethodCfg, comp: CompressorCfg, numel: int, momentum: float) -> int:
+        """Per-worker memory the method will hold, so the simulated cluster can refuse to start
+        before allocating it."""
+        return 0
+
+
+def build_method(run, group: Group, sizes: list[int], device: torch.device) -> Method:
+    """The configured method for this group and parameter layout (run: a RunConfig)."""
+    from gravac.registry import registries
+    cls = registries()["method"][run.method.name].target
+    net = run.network
+    env = MethodEnv(group, sizes, device, run.train.seed, run.train.momentum,
+                    modelled_time=net.enabled and net.time_source != "wall")
+    return cls(run.method, run.compressor, env)
+
+
+@dataclass
+class Compressed:
+    """Every local worker's error-compensated gradient and its payload, and the slowest time."""
+    comps: list[torch.Tensor]
+    payloads: list[Payload]
+    seconds: float
 
 
 class CompressingMethod(Method):
     """A method that compresses with one compressor and error feedback per worker per level."""
 
+    needs_compressor = True
     levels = 1
+    record_gain = False                         # add the compression gain to every step's record
+    clock = staticmethod(time.perf_counter)     # replaceable by tests that need deterministic times
 
-    def __init__(self, cfg, group, sizes, device):
-        super().__init__(cfg, group, sizes, device)
-        c = cfg.compressor
-        self.compressor = make_compressor(c, sizes)
-        self.shared_seed = c.name != "randomk" or c.shared_indices
-        momentum = cfg.train.momentum if c.momentum_correction else 0.0
-        self.memories = [[ErrorFeedback(self.numel, device=device, enabled=c.error_feedback, momentum=momentum)
-                          for _ in group.local_ranks] for _ in range(self.levels)]
+    def __init__(self, cfg, compressor, env):
+        super().__init__(cfg, compressor, env)
+        self.compressor_cls = COMPRESSORS[compressor.name].target
+        self.compressor = from_config(compressor, self.sizes)
+        self.memory_momentum = self.memory_momentum_of(compressor, env.momentum)
+        self.memories = [[ErrorFeedback(self.numel, device=self.device, enabled=compressor.error_feedback,
+                                        momentum=self.memory_momentum) for _ in self.group.local_ranks]
+                         for _ in range(self.levels)]
+
+    @staticmethod
+    def memory_momentum_of(comp: CompressorCfg, momentum: float) -> float:
+        """Momentum the error-feedback memory takes over from the optimizer (DGC), else 0."""
+        if not comp.error_feedback:
+            return 0.0
+        return COMPRESSORS[comp.name].target.memory_momentum(comp, momentum)
+
+    @property
+    def optimizer_momentum(self) -> float:
+        return 0.0 if self.memory_momentum > 0 else self.env.momentum
+
+    @classmethod
+    def ignores(cls, cfg, comp):
+        return ["compressor.cf"]                # adaptive methods choose their own CFs
+
+    @classmethod
+    def state_bytes(cls, cfg, comp, numel, momentum):
+        residual = (3 if cls.memory_momentum_of(comp, momentum) > 0 else 1) if comp.error_feedback else 0
+        return 4 * numel * (cls.levels * residual + 1)   # residuals (+ DGC's u, v) + the compensated gradient
 
     def seed_for(self, step: int, level: int, rank: int) -> int:
-        """Shared-index compressors use one seed per step; independent Random-k one per rank."""
-        return self.step_seed(step, level, 0 if self.shared_seed else rank + 1)
+        """One seed per step for all workers, unless the compressor draws per worker."""
+        return self.step_seed(step, level, rank + 1 if self.compressor.per_rank_seed else 0)
 
-    def compress_all(self, grads, cf: float, step: int, level: int = 0) -> tuple[list[torch.Tensor], list[Payload], float]:
-        """Compensate and compress each local worker's gradient; returns the slowest time."""
+    def compress_one(self, w: int, g: torch.Tensor, cf, step: int, level: int = 0) -> tuple[torch.Tensor, Payload]:
+        """Local worker `w`: its gradient plus residual, and that compressed at `cf`."""
+        comp = self.memories[level][w].compensate(g)
+        try:
+            return comp, self.compressor.compress(comp, cf, seed=self.seed_for(step, level, self.group.local_ranks[w]))
+        except ValueError as e:
+            raise_diverged(e, step, self.name)
+
+    def compress_all(self, grads: list[torch.Tensor], cf, step: int, level: int = 0) -> Compressed:
+        """compress_one for every local worker, timed; the slowest worker's time counts."""
         comps, payloads, slowest = [], [], 0.0
-        for w, (g, rank) in enumerate(zip(grads, self.group.local_ranks)):
-            t0 = time.perf_counter()
-            comp = self.memories[level][w].compensate(g)
-            try:
-                p = self.compressor.compress(comp, cf, seed=self.seed_for(step, level, rank))
-            except ValueError as e:
-                raise_diverged(e, step, self.name)
-            slowest = max(slowest, time.perf_counter() - t0)
+        for w, g in enumerate(grads):
+            t0 = self.clock()
+            comp, p = self.compress_one(w, g, cf, step, level)
+            slowest = max(slowest, self.clock() - t0)
             comps.append(comp)
             payloads.append(p)
-        return comps, payloads, slowest
+        return Compressed(comps, payloads, slowest)
+
+    def finish(self, comps: list[torch.Tensor], sent: list[Payload], compress_s: float,
+               comm: CommStats | None = None, extra: dict | None = None, level: int = 0) -> StepResult:
+        """Aggregate what every worker sends, update each worker's residual (compensated − sent),
+        and state the step's cost; `comm` holds collectives the method already ran this step."""
+        avg, agg = self.group.aggregate(sent)
+        comm = agg if comm is None else comm + agg
+        extra = dict(extra or {})
+        if self.record_gain:
+            extra["gain"] = cluster_gain(self.group, comps, sent)
+        for mem, c, p in zip(self.memories[level], comps, sent):
+            mem.update(c, p)
+        return StepResult(grad=avg, cf=self.numel / comm.floats, floats_sent=comm.floats, comm=comm,
+                          compress_s=compress_s, extra=extra)
 
     def state_dict(self) -> dict:
         return {"memories": [[m.state_dict() for m in lvl] for lvl in self.memories]}

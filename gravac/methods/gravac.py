@@ -15,10 +15,12 @@ Choices where the paper leaves room (all parameters in cfg.method; defaults in b
   floats per worker per step, counted in the step's communication); 1 if every g_o is zero.
 - EWMA: s ← α·x + (1−α)·s, i.e. the NEW sample gets weight α; α = `ewma`, or min(1, N/100) when
   `ewma` < 0 (the paper's talk). A level's first sample seeds its EWMA.
-- T_system = N·b / t_iter with t_iter = compute + compression + communication of a step, the
-  communication modelled (network on, time_source != wall) or measured. Each worker sends its
-  previous step's t_iter in the gather and all take the max (the slowest worker paces a
-  synchronous step), so the T_compression sample of step i−1 is recorded at step i.
+- T_system = N·b / t_iter with t_iter the previous step's time on the run's clock, as the
+  training loop states it (StepContext.prev_step_s: the step time the run records); used on its
+  own (no loop), the method sums compute + compression + communication, the communication
+  modelled (network on, time_source != wall) or measured. Each worker sends that t_iter in the
+  gather and all take the max (the slowest worker paces a synchronous step), so the
+  T_compression sample of step i−1 is recorded at step i.
 - T_compression[cf] [`tcomp`="mean"]: the mean of T_system × δ(sent level, smoothed) over the
   samples since the last window boundary (cf = the nominal CF sent; dense is recorded as CF 1
   but never a candidate of the saturation rule); "last" keeps only the latest sample.
@@ -41,13 +43,35 @@ Choices where the paper leaves room (all parameters in cfg.method; defaults in b
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from compressors import Payload
-from gravac.methods.base import CompressingMethod, StepContext, StepResult, raise_diverged
+from compressors.registry import option
+from gravac.methods.base import METHODS, CompressingMethod, StepContext, StepResult, raise_diverged
+from gravac.schema import MethodCfg
+
+
+@dataclass
+class GraVACCfg(MethodCfg):
+    """Paper defaults: CF space [10x, 1000x], window 500, omega 1%, epsilon 0.7, exponential policy."""
+    cf_min: float = option(10.0, check=lambda v: v >= 1, valid=">= 1")
+    cf_max: float = option(1000.0, check=lambda v: v >= 1, valid=">= 1")
+    window: int = option(500, check=lambda v: v >= 1, valid=">= 1")
+    step: float = option(2.0, check=lambda v: v > 1, valid="> 1")             # initial cs: candidate = cf_min·cs
+    epsilon: float = option(0.7, check=lambda v: 0 < v <= 1, valid="in (0, 1]")
+    omega: float = option(0.01, check=lambda v: 0 <= v < 1, valid="in [0, 1)")
+    policy: str = option("exponential", choices=("exponential", "geometric"))  # cs squares | doubles
+    ewma: float = option(-1.0, check=lambda v: v < 0 or 0 < v <= 1, valid="in (0, 1], or < 0 for N/100")
+    reset_step: bool = False             # restart cs at `step` after cf_min is raised
+    tcomp: str = option("mean", choices=("mean", "last"))       # T_compression: mean since the window began | last
+    grow_if: str = option("always", choices=("always", "accepted"))   # grow cs every window | while accepted
+
+    def errors(self, prefix: str) -> list[str]:
+        if self.cf_max < self.cf_min:
+            return [f"{prefix}.cf_max={self.cf_max} must be >= {prefix}.cf_min={self.cf_min}"]
+        return []
 
 def cf_key(cf: float) -> str:
     """Stable text form of a CF for records (10, 20, 62.5, ...)."""
@@ -247,33 +271,43 @@ def sq_norm(x: torch.Tensor) -> float:
     return float(torch.dot(x, x))
 
 
+@METHODS.register("gravac", GraVACCfg, doc="GraVAC: adapts the CF to the compression gain (Tyagi & Swany 2023)")
 class GraVAC(CompressingMethod):
     """GraVAC over any compressor with multi-level `recompress`; one error-feedback residual per
     worker, which follows what was actually sent (zero after a dense step)."""
     name = "gravac"
-    clock = staticmethod(time.perf_counter)   # replaceable by tests that need deterministic times
+    order = 3
 
-    def __init__(self, cfg, group, sizes, device):
-        super().__init__(cfg, group, sizes, device)
-        m = cfg.method
-        alpha = m.ewma if m.ewma > 0 else min(1.0, group.world / 100)
+    def __init__(self, cfg: GraVACCfg, compressor, env):
+        super().__init__(cfg, compressor, env)
+        m = cfg
+        alpha = m.ewma if m.ewma > 0 else min(1.0, self.group.world / 100)
         self.ctl = GraVACController(
             m.cf_min, m.cf_max, m.window, m.step, m.epsilon, m.omega, m.policy, alpha,
             reset_step=m.reset_step, tcomp=m.tcomp,
             grow_if=m.grow_if)
-        net = cfg.network
-        self.model_time = net.enabled and net.time_source != "wall"
-        self.t_prev = [0.0] * len(group.local_ranks)   # each local worker's last step time
+        self.model_time = env.modelled_time          # used when the loop gives no step time (direct use)
+        self.t_prev = [0.0] * len(self.group.local_ranks)   # each local worker's last step time
+
+    @classmethod
+    def label(cls, cfg: GraVACCfg, comp) -> str:
+        return f"GraVAC ε={cfg.epsilon:g} ({comp.name})"
+
+    @classmethod
+    def cf_text(cls, cfg: GraVACCfg, comp) -> str:
+        return f"{cfg.cf_min:g}x–{cfg.cf_max:g}x"
+
+    @classmethod
+    def sort_values(cls, cfg: GraVACCfg, comp):
+        return [cfg.epsilon]
 
     def _compress_worker(self, w: int, g: torch.Tensor, step: int, cf_min: float, cs: float):
         """Compensate and compress one worker's gradient at both levels; squared norms, time."""
         rank = self.group.local_ranks[w]
         t0 = self.clock()
-        comp = self.memories[0][w].compensate(g)
+        comp, p_min = self.compress_one(w, g, cf_min, step)
         try:
-            p_min = self.compressor.compress(comp, cf_min, seed=self.seed_for(step, 0, rank))
-            p_c = (self.compressor.recompress(p_min, cs, seed=self.seed_for(step, 1, rank))
-                   if cs > 1 else p_min)
+            p_c = self.compressor.recompress(p_min, cs, seed=self.seed_for(step, 1, rank)) if cs > 1 else p_min
         except ValueError as e:
             raise_diverged(e, step, self.name)
         norms = [sq_norm(comp), sq_norm(p_min.values), sq_norm(p_c.values)]
@@ -284,7 +318,8 @@ class GraVAC(CompressingMethod):
         cf_min, cs = ctl.cf_min, ctl.cs
         per_worker = [self._compress_worker(w, g, ctx.step, cf_min, cs) for w, g in enumerate(grads)]
         comps, p_mins, p_cs, norms, times = (list(col) for col in zip(*per_worker))
-        rows = [n + [t] for n, t in zip(norms, self.t_prev)]   # + each worker's last step time
+        t_prev = self.t_prev if ctx.prev_step_s is None else [ctx.prev_step_s] * len(grads)
+        rows = [n + [t] for n, t in zip(norms, t_prev)]   # + each worker's last step time
         table, comm = self.group.gather_floats(rows)
         total_o = sum(r[0] for r in table)
         d_min = sum(r[1] for r in table) / total_o if total_o > 0 else 1.0
@@ -296,15 +331,10 @@ class GraVAC(CompressingMethod):
             sent = p_mins
         else:
             sent = [Payload(c, None, self.numel) for c in comps]
-        avg, agg = self.group.aggregate(sent)
-        comm += agg
-        for mem, comp, p in zip(self.memories[0], comps, sent):
-            mem.update(comp, p)
-        comm_s = comm.modelled_s if self.model_time else comm.measured_s
+        res = self.finish(comps, sent, max(times), comm=comm, extra=self._record(dec))
+        comm_s = res.comm.modelled_s if self.model_time else res.comm.measured_s
         self.t_prev = [ctx.compute_s + dt + comm_s for dt in times]
-        nnz = sum(p.nnz for p in sent) / len(sent)
-        return StepResult(grad=avg, cf=self.numel / nnz, floats_sent=nnz, comm=comm,
-                          compress_s=max(times), extra=self._record(dec))
+        return res
 
     def _record(self, d: Decision) -> dict:
         """GraVAC's per-step record fields."""

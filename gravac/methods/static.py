@@ -1,10 +1,11 @@
 """Static compression: one compressor at one fixed CF every step, with error feedback."""
 from __future__ import annotations
 
-from compressors import dgc_warmup_cf
-from gravac.methods.base import CompressingMethod, StepContext, StepResult, cluster_gain
+from compressors import COMPRESSORS
+from gravac.methods.base import METHODS, CompressingMethod, StepContext, StepResult
 
 
+@METHODS.register("static", doc="one compressor at compressor.cf every step, with error feedback")
 class Static(CompressingMethod):
     """Compress every worker's compensated gradient at compressor.cf and average the payloads.
 
@@ -12,15 +13,30 @@ class Static(CompressingMethod):
     quantity GraVAC adapts on, so static runs at several CFs show how it evolves (paper Figs 4-6).
     """
     name = "static"
+    order = 1
+    record_gain = True
 
     def step(self, grads, ctx: StepContext) -> StepResult:
-        c = self.cfg.compressor
-        cf = dgc_warmup_cf(c.cf, ctx.epoch, c.warmup_epochs) if c.warmup_epochs > 0 else c.cf
-        comps, payloads, compress_s = self.compress_all(grads, cf, ctx.step)
-        avg, comm = self.group.aggregate(payloads)
-        gain = cluster_gain(self.group, comps, payloads)
-        for mem, comp, p in zip(self.memories[0], comps, payloads):
-            mem.update(comp, p)
-        nnz = sum(p.nnz for p in payloads) / len(payloads)
-        return StepResult(grad=avg, cf=self.numel / nnz, floats_sent=nnz, comm=comm, compress_s=compress_s,
-                          extra={"gain": gain})
+        cf = self.compressor_cls.scheduled_cf(self.comp_cfg, self.comp_cfg.cf, ctx.epoch)
+        c = self.compress_all(grads, cf, ctx.step)
+        return self.finish(c.comps, c.payloads, c.seconds)
+
+    @classmethod
+    def label(cls, cfg, comp) -> str:
+        return f"{COMPRESSORS[comp.name].label} {comp.cf:g}x"
+
+    @classmethod
+    def cf_text(cls, cfg, comp) -> str:
+        return f"{comp.cf:g}x"
+
+    @classmethod
+    def ignores(cls, cfg, comp):
+        return []
+
+    @classmethod
+    def sort_values(cls, cfg, comp):
+        return [comp.cf]
+
+    @classmethod
+    def describe(cls, cfg, comp):
+        return {**super().describe(cfg, comp), "family": comp.name}   # one colour family per compressor

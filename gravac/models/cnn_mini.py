@@ -7,8 +7,26 @@ and any number of classes works.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
+
+from compressors.registry import option
+from gravac.models.registry import MODELS
+from gravac.schema import ModelCfg
+
+
+@dataclass
+class VGGMiniCfg(ModelCfg):
+    """width: channels of the first stage (doubling per stage)."""
+    width: int = option(16, check=lambda v: v >= 1, valid=">= 1")
+
+
+@dataclass
+class ResNetMiniCfg(VGGMiniCfg):
+    """blocks: BasicBlocks per stage (3 = ResNet-20, 1 = ResNet-8, about 2.5x faster)."""
+    blocks: int = option(3, check=lambda v: v >= 1, valid=">= 1")
 
 
 class BasicBlock(nn.Module):
@@ -76,3 +94,15 @@ class VGGMini(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.classifier(torch.flatten(self.pool(self.features(x)), 1))
+
+
+@MODELS.register("resnet_mini", ResNetMiniCfg, task="classification")
+def resnet_mini(cfg: ResNetMiniCfg, num_classes: int) -> ResNetMini:
+    """a CPU-sized CIFAR ResNet-(6·blocks+2): ResNet-20, 272K parameters, at the defaults"""
+    return ResNetMini(num_classes, width=cfg.width, blocks=cfg.blocks)
+
+
+@MODELS.register("vgg_mini", VGGMiniCfg, task="classification")
+def vgg_mini(cfg: VGGMiniCfg, num_classes: int) -> VGGMini:
+    """a CPU-sized VGG-style CNN (300K parameters at the defaults)"""
+    return VGGMini(num_classes, width=cfg.width)

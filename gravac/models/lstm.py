@@ -6,12 +6,32 @@ dropout 0.65). Optionally ties decoder and embedding weights (needs embed_size =
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
-import torch
 from torch import Tensor, nn
 
+from compressors.registry import option
+from gravac.models.registry import MODELS
+from gravac.schema import ModelCfg
+
 Hidden = tuple[Tensor, Tensor]
+
+
+@dataclass
+class LSTMCfg(ModelCfg):
+    """The paper's LSTM sizes by default; lstm_mini's YAML sets the small ones."""
+    embed_size: int = option(1500, check=lambda v: v >= 1, valid=">= 1")
+    hidden_size: int = option(1500, check=lambda v: v >= 1, valid=">= 1")
+    num_layers: int = option(2, check=lambda v: v >= 1, valid=">= 1")
+    dropout: float = option(0.65, check=lambda v: 0 <= v < 1, valid="in [0, 1)")
+    tie_weights: bool = False
+
+    def errors(self, prefix: str) -> list[str]:
+        if self.tie_weights and self.embed_size != self.hidden_size:
+            return [f"{prefix}.tie_weights=true needs {prefix}.embed_size == {prefix}.hidden_size, "
+                    f"got {self.embed_size} and {self.hidden_size}"]
+        return []
 
 
 class LSTMLanguageModel(nn.Module):
@@ -49,3 +69,21 @@ class LSTMLanguageModel(nn.Module):
             hidden = self.init_hidden(x.shape[1])
         out, hidden = self.rnn(self.drop(self.encoder(x)), hidden)
         return self.decoder(self.drop(out)), hidden
+
+
+def _build(cfg: LSTMCfg, vocab_size: int) -> LSTMLanguageModel:
+    """The word-level LSTM language model at cfg's sizes."""
+    return LSTMLanguageModel(vocab_size, embed_size=cfg.embed_size, hidden_size=cfg.hidden_size,
+                             num_layers=cfg.num_layers, dropout=cfg.dropout, tie_weights=cfg.tie_weights)
+
+
+@dataclass
+class LSTMMiniCfg(LSTMCfg):
+    """The CPU-sized LSTM: 200 units and embedding, dropout 0.2."""
+    embed_size: int = option(200, check=lambda v: v >= 1, valid=">= 1")
+    hidden_size: int = option(200, check=lambda v: v >= 1, valid=">= 1")
+    dropout: float = option(0.2, check=lambda v: 0 <= v < 1, valid="in [0, 1)")
+
+
+MODELS.register("lstm", LSTMCfg, task="lm", doc="the paper's 2-layer LSTM language model (66M parameters on PTB)")(_build)
+MODELS.register("lstm_mini", LSTMMiniCfg, task="lm", doc="a CPU-sized 2-layer LSTM language model")(_build)

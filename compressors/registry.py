@@ -1,0 +1,138 @@
+"""Registries of named plug-ins and the option fields their config dataclasses are made of.
+
+Every pluggable kind (compressor, method, model, dataset) has one `Registry`: an entry owns the
+name, the config dataclass (its options, with defaults, ranges and choices declared on the
+fields through `option`) and the object that builds the thing. Config validation, the valid
+choices in error messages, `--help`, memory estimates and plot labels all read these entries,
+so adding a plug-in is one module (class + config dataclass + `@REGISTRY.register`) plus one
+YAML file. Pure Python: the compressors package is usable without the rest of the suite.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import pkgutil
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+def option(default: Any = dataclasses.MISSING, *, check: Callable[[Any], bool] | None = None,
+           valid: str = "", choices: tuple | None = None, factory: Callable[[], Any] | None = None):
+    """A config field with its validation: `check(value)` must hold (`valid` says what is valid,
+    e.g. ">= 1"), or the value must be one of `choices`."""
+    meta = {"check": check, "valid": valid, "choices": tuple(choices) if choices else None}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def field_errors(obj: Any, prefix: str) -> list[str]:
+    """One-line messages for every field of dataclass `obj` whose value breaks its declaration."""
+    out = []
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}.{f.name}"
+        choices, check = f.metadata.get("choices"), f.metadata.get("check")
+        if choices is not None and value not in choices:
+            out.append(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+        elif check is not None and not check(value):
+            out.append(f"{key}={value!r} is out of range: must be {f.metadata.get('valid') or 'valid'}")
+    return out
+
+
+def own_fields(cls: type, base: type) -> list[str]:
+    """Names of the fields `cls` adds to its `base` config class (its own options)."""
+    inherited = {f.name for f in dataclasses.fields(base)}
+    return [f.name for f in dataclasses.fields(cls) if f.name not in inherited]
+
+
+@dataclass
+class Entry:
+    """One registered plug-in: `name`, its config dataclass, the registered object, and a label."""
+    name: str
+    config: type
+    target: Any
+    label: str
+    extra: dict
+    description: str = ""
+
+    @property
+    def doc(self) -> str:
+        """One line for listings (--help): the registered description, else the target's
+        docstring's first line."""
+        doc = self.description or getattr(self.target, "__doc__", None) or ""
+        return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+class Registry:
+    """Named plug-ins of one kind, all configured by subclasses of `base` (a dataclass)."""
+
+    def __init__(self, kind: str, base: type):
+        self.kind, self.base = kind, base
+        self._entries: dict[str, Entry] = {}
+
+    def register(self, name: str, config: type | None = None, *, label: str | None = None, doc: str = "",
+                 **extra):
+        """Decorator registering `target` under `name` with config dataclass `config`
+        (default: the kind's base, i.e. no options of its own); `label` names it in plots, `doc`
+        describes it in one line (default: the target's docstring). `extra` holds kind-specific
+        facts (e.g. a model's task). Registering a taken name with a different target is an error."""
+        config = config or self.base
+        if not (isinstance(config, type) and issubclass(config, self.base) and dataclasses.is_dataclass(config)):
+            raise TypeError(f"{self.kind} {name!r}: config must be a dataclass subclassing {self.base.__name__}")
+
+        def deco(target):
+            old = self._entries.get(name)
+            if old is not None and _where(old.target) != _where(target):  # a module imported twice is fine
+                raise ValueError(f"{self.kind} {name!r} is already registered by {_where(old.target)}")
+            self._entries[name] = Entry(name, config, target, label or name, dict(extra), doc)
+            return target
+        return deco
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def __getitem__(self, name: str) -> Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise KeyError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(self.names())}") from None
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def options(self, name: str) -> list[str]:
+        """The option names entry `name` adds to the kind's common fields."""
+        return own_fields(self[name].config, self.base)
+
+
+def _where(target) -> str:
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+
+
+def import_submodules(package: str) -> None:
+    """Import every module of `package` (so their `register` decorators run): nobody keeps the
+    list of plug-ins by hand."""
+    pkg = importlib.import_module(package)
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{package}.{info.name}")
+
+
+def import_plugins() -> None:
+    """Import user plug-in modules named in $GRAVAC_PLUGINS (comma-separated) and the
+    `gravac_bench.plugins` entry points of installed packages."""
+    names = [n.strip() for n in os.environ.get("GRAVAC_PLUGINS", "").split(",") if n.strip()]
+    try:
+        from importlib.metadata import entry_points
+        names += [ep.value for ep in entry_points(group="gravac_bench.plugins")]
+    except Exception:  # pragma: no cover - metadata problems must not stop a run
+        pass
+    for name in names:
+        importlib.import_module(name)
