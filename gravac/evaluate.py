@@ -12,16 +12,16 @@ import torch
 import torch.nn.functional as F
 
 from gravac.comm import Group
-from gravac.schema import RunConfig
+from gravac.schema import TrainCfg
 
 
 class Evaluator:
     """Computes the run's metric; `metric` names it and `higher_is_better` orders it."""
 
-    def __init__(self, cfg: RunConfig, dataset, model: torch.nn.Module, group: Group, device: torch.device):
-        self.cfg, self.dataset, self.model, self.group, self.device = cfg, dataset, model, group, device
+    def __init__(self, train: TrainCfg, dataset, model: torch.nn.Module, group: Group, device: torch.device):
+        self.train, self.dataset, self.model, self.group, self.device = train, dataset, model, group, device
         self.lm = dataset.task == "lm"
-        self.metric = cfg.train.target_metric
+        self.metric = train.target_metric
         self.higher_is_better = self.metric != "perplexity"
 
     @torch.no_grad()
@@ -29,7 +29,7 @@ class Evaluator:
         """[loss sum, top-1 hits, top-5 hits, count] over this rank's share of the eval split."""
         loss = top1 = top5 = count = 0.0
         hidden = None
-        bs = self.cfg.train.eval_batch_size if not self.lm else min(self.cfg.train.eval_batch_size, 10)
+        bs = self.train.eval_batch_size if not self.lm else min(self.train.eval_batch_size, 10)
         for x, y in self.dataset.eval_batches(bs, rank, world):
             x, y = x.to(self.device), y.to(self.device)
             if self.lm:

@@ -68,7 +68,7 @@ def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
     torch.manual_seed(cfg.train.seed)
     dataset = load_dataset(cfg.dataset)
     model = build_model(cfg.model, dataset.num_classes, dataset.task).to(device)
-    workers = Workers(cfg, model, dataset, group, device)
+    workers = Workers(cfg.train, cfg.cluster, model, dataset, group, device)
     workers.check_memory(method_class(cfg.method.name).state_bytes(cfg.method, cfg.compressor, workers.numel,
                                                                    cfg.train.momentum))
     method = build_method(cfg, group, workers.sizes, device)
@@ -81,7 +81,7 @@ def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
                           weight_decay=cfg.train.weight_decay, nesterov=cfg.train.nesterov and momentum > 0)
     spe = workers.steps_per_epoch
     total = math.ceil(cfg.train.epochs * spe) if cfg.train.epochs > 0 else cfg.train.steps
-    evaluator = Evaluator(cfg, dataset, model, group, device)
+    evaluator = Evaluator(cfg.train, dataset, model, group, device)
     summary = Summary(cfg, dataset, count_parameters(model), total, group.net, evaluator.metric)
     summary.steps_per_epoch = spe
     return Parts(dataset, model, workers, method, opt, evaluator, summary, total, spe)

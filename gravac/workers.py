@@ -18,19 +18,21 @@ import torch.nn.functional as F
 from gravac.comm import Group
 from gravac.errors import DivergedError, UserError
 from gravac.faults import maybe_fail
-from gravac.schema import RunConfig
+from gravac.schema import ClusterCfg, TrainCfg
 
 
 class Workers:
     """Per-worker loaders, hidden states and gradient buffers around one model."""
 
-    def __init__(self, cfg: RunConfig, model: torch.nn.Module, dataset, group: Group, device: torch.device):
-        self.cfg, self.model, self.dataset, self.group, self.device = cfg, model, dataset, group, device
+    def __init__(self, train: TrainCfg, cluster: ClusterCfg, model: torch.nn.Module, dataset, group: Group,
+                 device: torch.device):
+        self.train, self.cluster = train, cluster
+        self.model, self.dataset, self.group, self.device = model, dataset, group, device
         self.lm = dataset.task == "lm"
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.sizes = [p.numel() for p in self.params]
         self.numel = sum(self.sizes)
-        self.loaders = [dataset.train_loader(r, group.world, cfg.train.batch_size, cfg.train.seed)
+        self.loaders = [dataset.train_loader(r, group.world, train.batch_size, train.seed)
                         for r in group.local_ranks]
         self.steps_per_epoch = self.loaders[0].steps_per_epoch
         self.hidden: list = [None] * len(self.loaders)
@@ -41,7 +43,7 @@ class Workers:
         """Refuse a simulated cluster whose per-worker state would not fit, before allocating it."""
         n_local = len(self.loaders)
         need = n_local * (4 * self.numel + method_bytes_per_worker) + 4 * 4 * self.numel
-        limit = self.cfg.cluster.max_memory_gb * 2**30 or 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        limit = self.cluster.max_memory_gb * 2**30 or 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         if need > limit:
             raise UserError(
                 f"the {n_local}-worker cluster needs about {need / 2**30:.1f} GiB for gradients and per-worker "
@@ -104,7 +106,7 @@ class Workers:
 
     def apply(self, avg: torch.Tensor, step: int, method: str) -> None:
         """Clip and check the averaged gradient, then hand it to the optimizer via .grad."""
-        clip = self.cfg.train.grad_clip
+        clip = self.train.grad_clip
         total = float(avg.norm()) if clip > 0 else float(avg.sum())
         if not torch.isfinite(torch.tensor(total)):
             raise DivergedError(f"step {step}: averaged gradient contains NaN/Inf (method={method}); "
@@ -121,7 +123,7 @@ class Workers:
         """
         saved = [b.detach().clone() for b in self.model.buffers()]
         loader = self.dataset.train_loader(self.group.local_ranks[0], self.group.world,
-                                           self.cfg.train.batch_size, self.cfg.train.seed + 7777)
+                                           self.train.batch_size, self.train.seed + 7777)
         buf = torch.zeros(self.numel, device=self.device)
         times = []
         self.model.train()
