@@ -108,7 +108,7 @@ def run_row(exp: str, setting: str, run: Run, target: float | None) -> dict:
 def curve_rows(exp: str, setting: str, run: Run, every: int) -> list[dict]:
     """Every `every`-th step (bucket means of loss and CF, cumulative totals) plus each evaluation."""
     loss, cf = run.column("loss"), run.column("cf")
-    floats, model, wall = (run.cumulative(k) for k in ("floats_sent", "step_model_s", "step_wall_s"))
+    floats, model, wall = (run.cumulative(k) for k in ("floats_sent", run.model_key, "step_wall_s"))
     evals = dict(zip(*(a.tolist() for a in run.eval_series())))
     rows, seed = [], run.cfg("train.seed", 0)
     for done in range(1, len(run.steps) + 1):

@@ -8,7 +8,7 @@ call also reports what a worker put on the wire and what the network model says 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -20,15 +20,18 @@ from gravac.netmodel import NetworkModel
 @dataclass
 class CommStats:
     """What collectives cost a worker: gradient elements it contributed (mean over all workers,
-    the same number on every backend), bytes it sent, modelled and measured seconds."""
+    the same number on every backend), bytes it sent, modelled and measured seconds, and the
+    modelled seconds of each message in order (the overlap timeline schedules them one by one)."""
     wire_bytes: int = 0
     modelled_s: float = 0.0
     measured_s: float = 0.0
     floats: float = 0.0
+    messages: list = field(default_factory=list)
 
     def __add__(self, other: "CommStats") -> "CommStats":
         return CommStats(self.wire_bytes + other.wire_bytes, self.modelled_s + other.modelled_s,
-                         self.measured_s + other.measured_s, self.floats + other.floats)
+                         self.measured_s + other.measured_s, self.floats + other.floats,
+                         self.messages + other.messages)
 
     def __iadd__(self, other: "CommStats") -> "CommStats":
         return self + other
@@ -79,27 +82,33 @@ class Group:
         t0 = time.perf_counter()
         out = self._gather_rows(rows)
         nbytes = 8 * len(rows[0])
-        return out, CommStats(nbytes, self.net.allgather(nbytes, self.world), time.perf_counter() - t0)
+        m = self.net.allgather(nbytes, self.world)
+        return out, CommStats(nbytes, m, time.perf_counter() - t0, messages=[m])
 
     def bookkeeping(self, rows: list[list[float]]) -> list[list[float]]:
         """All workers' rows for the run's own records (loss, timings): not part of any method's cost."""
         return self._gather_rows(rows)
 
-    def slowest(self, seconds: float) -> float:
-        """The largest of every worker's `seconds` (a synchronous step waits for the slowest)."""
-        return max(r[0] for r in self.bookkeeping([[seconds]]))
+    def slowest(self, *seconds: float) -> tuple[float, ...]:
+        """For each value, the largest over all workers (a synchronous step waits for the slowest)."""
+        rows = self.bookkeeping([list(seconds)])
+        return tuple(max(r[i] for r in rows) for i in range(len(seconds)))
 
     def barrier(self) -> None:
         """Wait for every worker."""
 
     # --- collectives the methods use ---------------------------------------------------------
-    def allreduce_mean(self, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, CommStats]:
-        """Mean over all workers of a dense tensor (one per local worker)."""
+    def allreduce_mean(self, tensors: list[torch.Tensor],
+                       bucket_elements: list[int] | None = None) -> tuple[torch.Tensor, CommStats]:
+        """Mean over all workers of a dense tensor (one per local worker). `bucket_elements`: the
+        modelled time is that of one all-reduce per bucket of these sizes, as DDP sends them (the
+        values are reduced in one call: the sum is the same)."""
         t0 = time.perf_counter()
         out = self._allreduce_sum(tensors).div_(self.world)
-        nbytes = tensors[0].numel() * tensors[0].element_size()
-        return out, CommStats(nbytes, self.net.allreduce(nbytes, self.world), time.perf_counter() - t0,
-                              float(tensors[0].numel()))
+        es = tensors[0].element_size()
+        nbytes = tensors[0].numel() * es
+        messages = [self.net.allreduce(n * es, self.world) for n in bucket_elements or [tensors[0].numel()]]
+        return out, CommStats(nbytes, sum(messages), time.perf_counter() - t0, float(tensors[0].numel()), messages)
 
     def aggregate(self, payloads: list[Payload]) -> tuple[torch.Tensor, CommStats]:
         """Dense mean of every worker's payload, by the collective the payload kind needs.
@@ -121,9 +130,9 @@ class Group:
         out = _sparse_mean(values, indices, p.numel, self.world)
         per_elem = p.values.element_size() + p.index_bytes()
         nbytes = padded * per_elem
-        modelled = self.net.allgather(COUNT_BYTES, self.world) + self.net.allgather(nbytes, self.world)
+        messages = [self.net.allgather(COUNT_BYTES, self.world), self.net.allgather(nbytes, self.world)]
         floats = sum(v.numel() for v in values) / self.world
-        return out, CommStats(nbytes + COUNT_BYTES, modelled, time.perf_counter() - t0, floats)
+        return out, CommStats(nbytes + COUNT_BYTES, sum(messages), time.perf_counter() - t0, floats, messages)
 
 
 class SimGroup(Group):

@@ -64,9 +64,16 @@ class RunWriter:
             atomic_write(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(config, sort_keys=False))
         self._steps = open(os.path.join(run_dir, "steps.jsonl"), "a", buffering=1)
         self._evals = open(os.path.join(run_dir, "evals.jsonl"), "a", buffering=1)
+        self._ready = None
 
     def step(self, record: dict) -> None:
         self._steps.write(json.dumps(_clean(record)) + "\n")
+
+    def ready(self, record: dict) -> None:
+        """ready.jsonl: every worker's gradient-ready times of a step (clock.record_ready)."""
+        if self._ready is None:
+            self._ready = open(os.path.join(self.dir, "ready.jsonl"), "a", buffering=1)
+        self._ready.write(json.dumps(_clean(record)) + "\n")
 
     def eval(self, record: dict) -> None:
         self._evals.write(json.dumps(_clean(record)) + "\n")
@@ -75,7 +82,8 @@ class RunWriter:
     def truncate(self, step: int) -> None:
         """Drop records a resumed run will write again: steps >= `step`, evals after `step`."""
         self.close()
-        for name, keep in (("steps.jsonl", lambda r: r["step"] < step), ("evals.jsonl", lambda r: r["step"] <= step)):
+        for name, keep in (("steps.jsonl", lambda r: r["step"] < step), ("evals.jsonl", lambda r: r["step"] <= step),
+                           ("ready.jsonl", lambda r: r["step"] < step)):
             path = os.path.join(self.dir, name)
             kept = [r for r in read_jsonl(path) if keep(r)] if os.path.exists(path) else []
             atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
@@ -95,6 +103,9 @@ class RunWriter:
     def close(self) -> None:
         self._steps.close()
         self._evals.close()
+        if self._ready is not None:
+            self._ready.close()
+            self._ready = None
 
 
 class NullWriter:
@@ -102,6 +113,7 @@ class NullWriter:
     dir = None
 
     def step(self, record: dict) -> None: ...
+    def ready(self, record: dict) -> None: ...
     def truncate(self, step: int) -> None: ...
     def save_model(self, state: dict) -> None: ...
     def eval(self, record: dict) -> None: ...

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from compressors import CompressorCfg, option
 
-__all__ = ["ModelCfg", "DatasetCfg", "CompressorCfg", "MethodCfg", "ClusterCfg", "NetworkCfg", "TrainCfg",
+__all__ = ["ModelCfg", "DatasetCfg", "CompressorCfg", "MethodCfg", "ClusterCfg", "NetworkCfg", "ClockCfg", "TrainCfg",
            "LoggerCfg", "ExperimentCfg", "RunConfig", "SECTIONS", "PLUGGABLE"]
 
 
@@ -56,8 +56,23 @@ class NetworkCfg:
     bandwidth_gbps: float = option(10.0, check=lambda v: v > 0, valid="> 0")      # beta, Gbit/s
     latency_us: float = option(10.0, check=lambda v: v >= 0, valid=">= 0")        # alpha, microseconds per message
     comm_ratio: float = option(0.0, check=lambda v: v >= 0, valid=">= 0")         # > 0: dense all-reduce = ratio x compute
-    calibrate_steps: int = option(5, check=lambda v: v >= 1, valid=">= 1")        # steps measured for comm_ratio
     time_source: str = option("auto", choices=("auto", "modelled", "wall"))       # step time GraVAC sees
+    overlap: bool = True                # modelled step time overlaps communication with backward (DDP-like)
+    bucket_cap_mb: float = option(25.0, check=lambda v: v > 0, valid="> 0")      # DDP's bucket size
+    first_bucket_mb: float = option(1.0, check=lambda v: v > 0, valid="> 0")     # DDP's smaller first bucket
+    buckets: int = option(0, check=lambda v: v >= 0, valid=">= 0")              # > 0: cap = model size / buckets
+
+
+@dataclass
+class ClockCfg:
+    """Where modelled step times come from (gravac/profile.py): a device profile and compression
+    costs measured once and cached (reproducible), or each step's own measurement."""
+    compute: str = option("profile", choices=("profile", "measured"))     # forward + backward time
+    compress: str = option("profile", choices=("profile", "measured"))    # compression operations
+    compute_s: float = option(0.0, check=lambda v: v >= 0, valid=">= 0")  # > 0: given fwd+bwd s/step (e.g. a GPU's)
+    repeats: int = option(5, check=lambda v: v >= 1, valid=">= 1")       # calibration repetitions (median)
+    cache_dir: str = ""                 # "" -> $GRAVAC_CACHE_DIR/profiles, else ~/.cache/gravac-bench/profiles
+    record_ready: bool = True           # write ready.jsonl: every worker's gradient-ready offsets per step
 
 
 @dataclass
@@ -111,6 +126,7 @@ class RunConfig:
     method: MethodCfg = field(default_factory=MethodCfg)
     cluster: ClusterCfg = field(default_factory=ClusterCfg)
     network: NetworkCfg = field(default_factory=NetworkCfg)
+    clock: ClockCfg = field(default_factory=ClockCfg)
     train: TrainCfg = field(default_factory=TrainCfg)
     logger: LoggerCfg = field(default_factory=LoggerCfg)
     experiment: ExperimentCfg = field(default_factory=ExperimentCfg)
@@ -120,5 +136,5 @@ class RunConfig:
 PLUGGABLE = ("model", "dataset", "compressor", "method")
 #: Every section and its base class.
 SECTIONS = {"model": ModelCfg, "dataset": DatasetCfg, "compressor": CompressorCfg, "method": MethodCfg,
-            "cluster": ClusterCfg, "network": NetworkCfg, "train": TrainCfg, "logger": LoggerCfg,
+            "cluster": ClusterCfg, "network": NetworkCfg, "clock": ClockCfg, "train": TrainCfg, "logger": LoggerCfg,
             "experiment": ExperimentCfg}

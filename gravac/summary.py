@@ -15,8 +15,9 @@ from gravac.schema import RunConfig
 class Summary:
     """Accumulates step and eval records into the figures summary.json reports."""
 
-    def __init__(self, cfg: RunConfig, dataset, params: int, total_steps: int, net: NetworkModel, metric: str):
-        self.cfg, self.net, self.metric = cfg, net, metric
+    def __init__(self, cfg: RunConfig, dataset, params: int, total_steps: int, net: NetworkModel, metric: str,
+                 clock=None):
+        self.cfg, self.net, self.metric, self.clock = cfg, net, metric, clock
         self.dataset_name, self.params, self.total_steps = dataset.name, params, total_steps
         self.steps_per_epoch = 0
         self.higher = metric != "perplexity"
@@ -24,6 +25,7 @@ class Summary:
         self.floats = 0.0
         self.wire = 0
         self.model_s = 0.0
+        self.overlap_model_s = 0.0
         self.wall_step_s = 0.0
         self.t0 = time.perf_counter()
         self.elapsed_before = 0.0          # wall seconds of earlier segments of a resumed run
@@ -46,7 +48,7 @@ class Summary:
 
     def state_dict(self) -> dict:
         """Counters to carry over a checkpoint (configuration and clocks are rebuilt)."""
-        skip = {"cfg", "net", "t0", "elapsed_before", "setting"}
+        skip = {"cfg", "net", "t0", "elapsed_before", "setting", "clock"}
         state = {k: v for k, v in vars(self).items() if k not in skip}
         state["elapsed_s"] = self.wall_s()
         return state
@@ -62,6 +64,7 @@ class Summary:
         self.floats += rec["floats_sent"]
         self.wire += rec["wire_bytes"]
         self.model_s += rec["step_model_s"]
+        self.overlap_model_s += rec.get("step_overlap_model_s", rec["step_model_s"])
         self.wall_step_s += rec["step_wall_s"]
         cf = rec["cf"]
         key = f"{float(f'{cf:.2g}'):g}"   # 2 significant digits: per-layer CFs vary slightly
@@ -79,7 +82,7 @@ class Summary:
         if self.target_hit is None and self.reached(v):
             self.target_hit = {"step": ev["step"], "floats_sent": self.floats, "wire_bytes": self.wire,
                                "wall_s": self.wall_s(), "step_wall_s": self.wall_step_s,
-                               "model_s": self.model_s}
+                               "model_s": self.model_s, "overlap_model_s": self.overlap_model_s}
 
     def last_metric_str(self) -> str:
         return "-" if self.final is None else f"{self.final:.4g}"
@@ -99,8 +102,10 @@ class Summary:
             "target": c.train.target or None,
             "floats_sent": self.floats, "wire_bytes": self.wire,
             "wall_s": self.wall_s(), "step_wall_s": self.wall_step_s, "model_s": self.model_s,
+            "overlap_model_s": self.overlap_model_s,
             "time_source": "modelled" if self.modelled_clock else "wall",
             "network": self.net.describe(),
+            "clock": self.clock.describe() if self.clock is not None else None,
             "cf_histogram": self.cf_hist,
             "target_reached": self.target_hit,
         }

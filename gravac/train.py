@@ -8,18 +8,19 @@ the same weights; a torch.distributed process runs one. Rank 0 alone writes resu
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
 
 from gravac.checkpoint import Checkpointer, StopFlag
+from gravac.clock import Clock
 from gravac.comm import Group
 from gravac.data import load_dataset
 from gravac.errors import DivergedError, Interrupted
 from gravac.evaluate import Evaluator
 from gravac.methods import StepContext, build_method
 from gravac.models import build_model, count_parameters
-from gravac.records import step_record
 from gravac.schema import RunConfig, TrainCfg
 from gravac.summary import Summary
 from gravac.workers import Workers
@@ -40,6 +41,7 @@ class Parts:
     opt: torch.optim.Optimizer
     evaluator: Evaluator
     summary: Summary
+    clock: Clock
     total: int                 # steps of the whole run
     spe: int                   # steps per epoch (of one worker's shard)
     prev_step_s: float | None = None   # the last step's time on the run's clock (GraVAC's T_system)
@@ -49,7 +51,7 @@ class Parts:
         return {"model": self.model.state_dict(), "opt": self.opt.state_dict(),
                 "method": self.method.state_dict(), "workers": self.workers.state_dict(),
                 "summary": self.summary.state_dict(), "net_beta": net.beta_Bps, "rng": torch.get_rng_state(),
-                "prev_step_s": self.prev_step_s}
+                "prev_step_s": self.prev_step_s, "clock": self.clock.state_dict()}
 
     def load_state_dict(self, state: dict, net) -> None:
         self.model.load_state_dict(state["model"])
@@ -60,6 +62,8 @@ class Parts:
         net.beta_Bps = state["net_beta"]
         torch.set_rng_state(state["rng"])
         self.prev_step_s = state.get("prev_step_s")
+        if "clock" in state:
+            self.clock.load_state_dict(state["clock"])
 
 
 def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
@@ -71,7 +75,8 @@ def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
     workers = Workers(cfg.train, cfg.cluster, model, dataset, group, device)
     workers.check_memory(method_class(cfg.method.name).state_bytes(cfg.method, cfg.compressor, workers.numel,
                                                                    cfg.train.momentum))
-    method = build_method(cfg, group, workers.sizes, device)
+    clock = Clock.build(cfg, workers, group, say)
+    method = build_method(cfg, group, workers.sizes, device, buckets=clock.buckets, costs=clock.costs)
     say(f"model {cfg.model.name}: {count_parameters(model):,} parameters; dataset {dataset.name} "
         f"({dataset.train_size:,} train {'tokens' if dataset.task == 'lm' else 'samples'}); "
         f"{group.world} workers ({cfg.cluster.backend}); method {cfg.method.name}"
@@ -82,9 +87,9 @@ def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
     spe = workers.steps_per_epoch
     total = math.ceil(cfg.train.epochs * spe) if cfg.train.epochs > 0 else cfg.train.steps
     evaluator = Evaluator(cfg.train, dataset, model, group, device)
-    summary = Summary(cfg, dataset, count_parameters(model), total, group.net, evaluator.metric)
+    summary = Summary(cfg, dataset, count_parameters(model), total, group.net, evaluator.metric, clock)
     summary.steps_per_epoch = spe
-    return Parts(dataset, model, workers, method, opt, evaluator, summary, total, spe)
+    return Parts(dataset, model, workers, method, opt, evaluator, summary, clock, total, spe)
 
 
 def start_step(cfg: RunConfig, parts: Parts, net, ckpt: Checkpointer | None, writer, say) -> int:
@@ -96,7 +101,7 @@ def start_step(cfg: RunConfig, parts: Parts, net, ckpt: Checkpointer | None, wri
         say(f"resumed at step {start} from {cfg.experiment.resume}")
         return start
     if cfg.network.enabled and cfg.network.comm_ratio > 0:
-        compute = parts.workers.calibrate(cfg.network.calibrate_steps)
+        compute = parts.clock.profile.compute_s
         net.calibrate(4 * parts.workers.numel, parts.workers.group.world, compute, cfg.network.comm_ratio)
         say(f"network calibrated: dense all-reduce = {cfg.network.comm_ratio} x compute "
             f"({compute * 1e3:.1f} ms) -> {net.beta_Bps * 8 / 1e9:.4g} Gbit/s")
@@ -145,24 +150,28 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
                 lr = lr_at(cfg.train, step)
                 for g in opt.param_groups:
                     g["lr"] = lr
-                grads, compute_s, loss, stop_now = workers.compute(step, stop.requested)
-                if stop_now:  # every worker saw the request at this same step boundary
+                comp = workers.compute(step, stop.requested)
+                loss = comp.loss
+                if comp.stop:  # every worker saw the request at this same step boundary
                     save(step)
                     raise Interrupted(f"interrupted at step {step}; checkpoint saved. Resume with:\n  {resume_cmd}")
                 if not math.isfinite(loss):
                     raise DivergedError(f"step {step}: loss is {loss} (method={cfg.method.name}); "
                                         "lower train.lr or enable train.grad_clip")
                 ctx = StepContext(step=step, epoch=step / parts.spe, lr=lr,
-                                  lr_decayed=step > 0 and lr < lr_at(cfg.train, step - 1), compute_s=compute_s,
-                                  samples=group.world * cfg.train.batch_size, prev_step_s=parts.prev_step_s)
-                res = method.step(grads, ctx)
+                                  lr_decayed=step > 0 and lr < lr_at(cfg.train, step - 1),
+                                  compute_s=parts.clock.compute_s(comp), samples=group.world * cfg.train.batch_size,
+                                  prev_step_s=parts.prev_step_s)
+                res = method.step(comp.grads, ctx)
+                t0 = time.perf_counter()
                 workers.apply(res.grad, step, cfg.method.name)
                 opt.step()
-                compress_s = group.slowest(res.compress_s)
-                record = step_record(ctx, loss, res, compress_s, parts.spe, summary.wall_s())
-                parts.prev_step_s = record["step_model_s" if summary.modelled_clock else "step_wall_s"]
+                record = parts.clock.record(ctx, comp, res, parts.spe, summary.wall_s(), time.perf_counter() - t0)
+                parts.prev_step_s = record[parts.clock.decision_key]
                 summary.add_step(record)
                 writer.step(record)
+                if cfg.clock.record_ready:
+                    writer.ready(parts.clock.ready_record(step, comp))
                 cadence.after(step)
                 tracker.step(record, {"loss": f"{loss:.3f}", parts.evaluator.metric: summary.last_metric_str(),
                                       "cf": f"{res.cf:.4g}"})

@@ -9,8 +9,8 @@ torch's DDP does by broadcasting rank 0's buffers.
 from __future__ import annotations
 
 import os
-import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,20 @@ import torch.nn.functional as F
 from gravac.comm import Group
 from gravac.errors import DivergedError, UserError
 from gravac.faults import maybe_fail
+from gravac.profile import measure_profile
 from gravac.schema import ClusterCfg, TrainCfg
+
+
+@dataclass
+class Computed:
+    """One step's gradients and what computing them took (per worker where it says so)."""
+    grads: list[torch.Tensor]
+    compute_s: float                 # slowest worker's forward + backward, measured
+    loss: float                      # mean over workers
+    stop: bool                       # some worker was asked to stop
+    forward_s: list[float]           # per worker
+    backward_s: list[float]          # per worker
+    ready_s: list[list[float]]       # per worker, per parameter: gradient ready, from backward start
 
 
 class Workers:
@@ -50,6 +63,7 @@ class Workers:
                 f"state of {self.numel:,} parameters, over the {limit / 2**30:.1f} GiB limit; use fewer workers "
                 "(cluster.workers=), a mini model (model=resnet_mini), or cluster=ddp")
         self.buffers = [torch.zeros(self.numel, device=self.device) for _ in self.loaders]
+        self._stamp_hooks()
 
     # --- gradients ---------------------------------------------------------------------------
     def _point_grads(self, flat: torch.Tensor) -> None:
@@ -76,9 +90,17 @@ class Workers:
         loss, self.hidden[w] = self._forward_loss(x, y, hidden)
         return loss
 
-    def compute(self, step: int, stop: bool = False) -> tuple[list[torch.Tensor], float, float, bool]:
-        """Every local worker's flat gradient, the cluster's compute time (slowest), mean loss,
-        and whether any worker was asked to stop (so all stop at the same step)."""
+    def _stamp_hooks(self) -> None:
+        """Record, during each backward, when every parameter's gradient is ready (the overlap
+        timeline's input). One Python call per parameter: within the loop's overhead budget."""
+        self._stamps = [0.0] * len(self.params)
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(lambda _p, i=i: self._stamps.__setitem__(i, time.perf_counter()))
+
+    def compute(self, step: int, stop: bool = False) -> Computed:
+        """Every local worker's flat gradient, the cluster's compute time (slowest), forward and
+        gradient-ready times, mean loss, and whether any worker was asked to stop (so all stop at
+        the same step)."""
         self.model.train()
         rows, saved = [], None
         for w, loader in enumerate(self.loaders):
@@ -91,18 +113,22 @@ class Workers:
             loss = self._loss(w, x, y)
             if maybe_fail(self.group.local_ranks[w], step):
                 loss = loss * float("nan")
+            t_fwd = time.perf_counter()
             loss.backward()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            rows.append([time.perf_counter() - t0, float(loss.detach()), float(stop)])
+            t1 = time.perf_counter()
+            rows.append([t1 - t0, float(loss.detach()), float(stop), t_fwd - t0, t1 - t_fwd,
+                         *(st - t_fwd for st in self._stamps)])
             if w == 0 and len(self.loaders) > 1:
                 saved = [b.detach().clone() for b in self.model.buffers()]
         if saved is not None:  # BatchNorm statistics follow worker 0, as DDP's broadcast_buffers
             for b, s in zip(self.model.buffers(), saved):
                 b.copy_(s)
         rows = self.group.bookkeeping(rows)
-        return (self.buffers, max(r[0] for r in rows), sum(r[1] for r in rows) / len(rows),
-                any(r[2] for r in rows))
+        return Computed(self.buffers, max(r[0] for r in rows), sum(r[1] for r in rows) / len(rows),
+                        any(r[2] for r in rows), [r[3] for r in rows], [r[4] for r in rows],
+                        [r[5:] for r in rows])
 
     def apply(self, avg: torch.Tensor, step: int, method: str) -> None:
         """Clip and check the averaged gradient, then hand it to the optimizer via .grad."""
@@ -115,31 +141,44 @@ class Workers:
             avg.mul_(clip / total)
         self._point_grads(avg)
 
-    def calibrate(self, steps: int) -> float:
-        """Median forward+backward seconds of worker 0 on fresh batches, leaving no trace.
-
-        Used to size a comm_ratio network before training; the model's buffers are restored
-        and a separate loader is used, so the run itself is unchanged.
-        """
+    def measure_profile(self, repeats: int) -> dict:
+        """Worker 0's forward, backward, per-parameter ready and optimizer-step seconds on fresh
+        batches (median of `repeats` after a warm-up), leaving no trace: a separate loader, the
+        model's buffers, the RNG and the weights are as before (gravac/profile.py)."""
         saved = [b.detach().clone() for b in self.model.buffers()]
+        rng = torch.get_rng_state()
         loader = self.dataset.train_loader(self.group.local_ranks[0], self.group.world,
                                            self.train.batch_size, self.train.seed + 7777)
         buf = torch.zeros(self.numel, device=self.device)
-        times = []
+        shadow = [p.detach().clone() for p in self.params]      # the optimizer step runs on copies
+        for q, p in zip(shadow, self.params):
+            q.grad = torch.zeros_like(p)
+        opt = torch.optim.SGD(shadow, lr=0.1, momentum=self.train.momentum, weight_decay=self.train.weight_decay)
         self.model.train()
-        for _ in range(steps + 1):
+
+        def step_fn(mark):
             x, y = (t.to(self.device) for t in loader.next_batch())
-            t0 = time.perf_counter()
             buf.zero_()
             self._point_grads(buf)
             loss, _ = self._forward_loss(x, y)
+            mark()
             loss.backward()
-            times.append(time.perf_counter() - t0)
-        for b, s in zip(self.model.buffers(), saved):
-            b.copy_(s)
-        local = statistics.median(times[1:])  # the first pass pays one-off allocation costs
-        rows = self.group.bookkeeping([[local]] * len(self.loaders))
-        return max(r[0] for r in rows)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        try:
+            return measure_profile(step_fn, self.params, opt.step, repeats)
+        finally:
+            for b, s in zip(self.model.buffers(), saved):
+                b.copy_(s)
+            torch.set_rng_state(rng)
+
+    def input_shape(self) -> list[int]:
+        """Shape of one worker's input batch (part of a device profile's key)."""
+        b = self.train.batch_size
+        if self.lm:
+            return [self.dataset.bptt, b]
+        return [b, 3, self.dataset.image_size, self.dataset.image_size]
 
     # --- checkpoint support --------------------------------------------------------------------
     def state_dict(self) -> dict:

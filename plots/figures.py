@@ -184,9 +184,11 @@ def cumulative_figure(ctx: Context, key: str = "floats_sent", what: str = "float
 # 5. time to accuracy
 
 def _eval_points(run: Run, time_key: str) -> dict[int, tuple[float, float]]:
-    """{steps done at eval: (cumulative time, metric)} for evaluations with a known time."""
+    """{steps done at eval: (cumulative time, metric)} for evaluations with a known time;
+    time_key "model" is the run's own modelled time (serial or overlapped, Run.model_key)."""
     out = {}
-    cum = run.cumulative(time_key) if run.steps else np.array([])
+    key = run.model_key if time_key == "model" else time_key
+    cum = run.cumulative(key) if run.steps else np.array([])
     for s, m in zip(*run.eval_series()):
         if 0 < s <= len(cum) and int(run.steps[s - 1].get("step", s - 1)) == s - 1 and math.isfinite(cum[s - 1]):
             out[int(s)] = (float(cum[s - 1]), float(m))
@@ -210,8 +212,9 @@ def _metric_axis(ax, ctx: Context) -> None:
 
 
 def time_to_accuracy_figure(ctx: Context, time_key: str):
-    """Metric vs cumulative step time (wall: step_wall_s, modelled: step_model_s) at each eval."""
-    modelled = time_key == "step_model_s"
+    """Metric vs cumulative step time (wall: step_wall_s; "model": each run's modelled time) at
+    each evaluation."""
+    modelled = time_key == "model"
     st = styles(ctx.groups)
     groups = [g for g in ctx.groups if any(_eval_points(r, time_key) for r in g.runs)]
     if not groups:
@@ -232,7 +235,11 @@ def time_to_accuracy_figure(ctx: Context, time_key: str):
     _metric_axis(ax, ctx)
     ax.set_xlabel("Modelled cluster time (s)" if modelled else "Wall time, measured steps (s)")
     if modelled:
-        sub = network_text(ctx.runs) + "; time = compute + compression + modelled comm."
+        overlap = {r.model_key == "step_overlap_model_s" for r in ctx.runs}
+        how = ("communication overlapped with backward as DDP does" if overlap == {True} else
+               "compute + compression + modelled comm." if overlap == {False} else
+               "overlapped (runs with a clock) or serial (older runs)")
+        sub = network_text(ctx.runs) + f"; time = {how}"
     else:
         backends = sorted({str((r.summary or {}).get("backend") or r.cfg("cluster.backend", "?")) for r in ctx.runs})
         sub = f"time = compute + compression + measured comm. (backend {', '.join(backends)})"

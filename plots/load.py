@@ -223,6 +223,15 @@ class Run:
         return dict(self.cfg("network", {}) or {})
 
     @property
+    def model_key(self) -> str:
+        """The per-step field that is the run's modelled time: step_overlap_model_s when the run's
+        clock overlapped communication with backward (summary `clock.decides`), else step_model_s."""
+        clock = (self.summary or {}).get("clock") or {}
+        if clock.get("overlap") and self.has_column("step_overlap_model_s"):
+            return "step_overlap_model_s"
+        return "step_model_s"
+
+    @property
     def status(self) -> str:
         return str((self.summary or {}).get("status", "no summary"))
 
@@ -250,7 +259,7 @@ class Run:
         return Hit(step=steps_done, floats=float(self.cumulative("floats_sent")[i]),
                    wire=float(self.cumulative("wire_bytes")[i]),
                    wall_s=float(self.cumulative("step_wall_s")[i]),
-                   model_s=float(self.cumulative("step_model_s")[i]))
+                   model_s=float(self.cumulative(self.model_key)[i]))
 
     def totals(self) -> Hit | None:
         """Cumulative figures over every recorded step."""
@@ -348,8 +357,9 @@ def _cross_check(run: Run) -> None:
     tot = run.totals()
     if tot is None:
         return
+    model = "overlap_model_s" if run.model_key == "step_overlap_model_s" else "model_s"
     for key, mine in (("floats_sent", tot.floats), ("wire_bytes", tot.wire), ("step_wall_s", tot.wall_s),
-                      ("model_s", tot.model_s)):
+                      (model, tot.model_s)):
         theirs = _num(s.get(key))
         if math.isfinite(theirs) and math.isfinite(mine) and not math.isclose(mine, theirs, rel_tol=1e-6, abs_tol=1e-9):
             run.notes.append(f"summary {key}={theirs:.6g} but steps.jsonl sums to {mine:.6g}")

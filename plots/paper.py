@@ -28,9 +28,12 @@ CONVENTIONS = """
 - Target reached = the first evaluation whose metric reaches the target (≥; ≤ for perplexity).
   Floats, bytes and times to target are taken at that evaluation's step, not interpolated
   between evaluations (the same point summary.json's target_reached records).
-- Wall time = Σ step_wall_s (compute + compression + measured communication); modelled time =
-  Σ step_model_s (compute + compression + alpha-beta modelled communication). Evaluation time is
-  excluded from both. The network model and its parameters are in the time-to-accuracy subtitles.
+- Wall time = Σ step_wall_s (compute + compression + measured communication + optimizer);
+  modelled time = Σ step_overlap_model_s (a DDP-like schedule: buckets or a method's pieces sent
+  while backward runs) for runs whose clock overlapped (network.overlap, the default), else
+  Σ step_model_s (compute + compression + alpha-beta modelled communication, in series; runs
+  recorded before the clock existed used measured compute). Evaluation time is excluded from both.
+  The network model and its parameters are in the time-to-accuracy subtitles.
 - Savings and speedups are baseline / GraVAC (or reference / setting): > 1 favours GraVAC (the
   setting). A baseline that never reached the target gives a lower bound (≥), computed from its
   whole run; a GraVAC run (setting) that never reached it gives "not reached".
@@ -100,7 +103,7 @@ def make_figures(ctx: Context, out: Outputs, suffix: str, args) -> None:
     fig("wire_bytes_cumulative", "cumulative wire bytes per worker vs iterations",
         figures.cumulative_figure, ctx, "wire_bytes", "wire bytes")
     fig("time_to_accuracy_model", "metric vs modelled cluster time", figures.time_to_accuracy_figure, ctx,
-        "step_model_s")
+        "model")
     fig("time_to_accuracy_wall", "metric vs measured wall time", figures.time_to_accuracy_figure, ctx,
         "step_wall_s")
     fig("metric_vs_iterations", "metric vs iterations", figures.metric_vs_steps_figure, ctx)

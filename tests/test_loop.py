@@ -57,9 +57,14 @@ def test_dense_run_writes_valid_results(tmp_path):
     assert summary["wire_bytes"] == 10 * 4 * summary["parameters"]
     assert all(s["cf"] == 1 and s["floats_sent"] == summary["parameters"] for s in steps)
     assert summary["model_s"] == pytest.approx(sum(s["step_model_s"] for s in steps))
+    prof = summary["clock"]["profile"]          # modelled time: the device profile, not this run's measurements
     for s in steps:
-        assert s["step_model_s"] == pytest.approx(s["compute_s"] + s["compress_s"] + s["comm_model_s"])
+        assert s["compute_model_s"] == pytest.approx(prof["forward_s"] + prof["backward_s"])
+        assert s["step_model_s"] == pytest.approx(s["compute_model_s"] + s["compress_model_s"] + s["comm_model_s"]
+                                                   + prof["optimizer_s"])
+        assert s["step_overlap_model_s"] <= s["step_model_s"] + 1e-12
         assert s["comm_model_s"] > 0
+        assert s["step_wall_s"] == pytest.approx(s["compute_s"] + s["compress_s"] + s["comm_s"] + s["optimizer_s"])
     assert summary["network"]["bandwidth_gbps"] == 10
     assert (run / "config.yaml").exists()
 

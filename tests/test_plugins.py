@@ -62,7 +62,7 @@ class Alternate(CompressingMethod):
     def step(self, grads, ctx):
         cf = 1.0 if ctx.step % self.cfg.dense_every == 0 else self.comp_cfg.cf
         c = self.compress_all(grads, cf, ctx.step)
-        return self.finish(c.comps, c.payloads, c.seconds, extra={"toy_phase": "dense" if cf == 1 else "sparse"})
+        return self.finish(c, extra={"toy_phase": "dense" if cf == 1 else "sparse"})
 
     @classmethod
     def label(cls, cfg, comp):

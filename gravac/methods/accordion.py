@@ -150,7 +150,7 @@ class Accordion(CompressingMethod):
         if decision is not None:
             extra["accordion_decision"] = decision
         c = self.compress_all(grads, self._cfs(), ctx.step)
-        res = self.finish(c.comps, c.payloads, c.seconds, extra=extra)
+        res = self.finish(c, extra=extra)
         if not self.local:
             self._accumulate(res.grad)
         return res

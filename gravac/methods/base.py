@@ -20,7 +20,9 @@ import torch
 from compressors import COMPRESSORS, ErrorFeedback, Payload, from_config
 from compressors.registry import Registry
 from gravac.comm import CommStats, Group
+from gravac.profile import OpCosts
 from gravac.schema import CompressorCfg, MethodCfg
+from gravac.timeline import Piece
 
 METHODS = Registry("method", MethodCfg)
 
@@ -44,8 +46,18 @@ class StepResult:
     cf: float                                  # CF actually sent (1 = dense)
     floats_sent: float                         # per worker (mean over all workers when they differ)
     comm: CommStats = field(default_factory=CommStats)
-    compress_s: float = 0.0                    # slowest local worker's compression time
+    compress_s: float = 0.0                    # slowest local worker's compression time, measured
     extra: dict[str, Any] = field(default_factory=dict)   # method-specific record fields
+    compress_model_s: float | None = None      # the same on the run's clock (None: as measured)
+    pieces: list[Piece] | None = None          # what was sent when, for the overlap timeline
+                                               # (None: one piece after backward, all compression
+                                               # and every message of `comm`)
+
+    def timeline_pieces(self) -> list[Piece]:
+        if self.pieces is not None:
+            return self.pieces
+        c = self.compress_s if self.compress_model_s is None else self.compress_model_s
+        return [Piece(None, c, list(self.comm.messages))]
 
 
 @dataclass
@@ -57,6 +69,8 @@ class MethodEnv:
     seed: int = 0                 # the run's seed (compressor randomness derives from it)
     momentum: float = 0.0         # the optimizer's momentum (a compressor may take it over, as DGC)
     modelled_time: bool = True    # step times use modelled communication (network on), else measured
+    buckets: list[list[int]] | None = None   # DDP-style buckets: parameter indices, in backward order
+    costs: OpCosts | None = None  # the run's clock for compression operations (None: measured)
 
 
 class Method:
@@ -126,22 +140,25 @@ class Method:
         return 0
 
 
-def build_method(run, group: Group, sizes: list[int], device: torch.device) -> Method:
+def build_method(run, group: Group, sizes: list[int], device: torch.device, buckets=None,
+                 costs: OpCosts | None = None) -> Method:
     """The configured method for this group and parameter layout (run: a RunConfig)."""
     from gravac.registry import registries
     cls = registries()["method"][run.method.name].target
     net = run.network
     env = MethodEnv(group, sizes, device, run.train.seed, run.train.momentum,
-                    modelled_time=net.enabled and net.time_source != "wall")
+                    modelled_time=net.enabled and net.time_source != "wall", buckets=buckets, costs=costs)
     return cls(run.method, run.compressor, env)
 
 
 @dataclass
 class Compressed:
-    """Every local worker's error-compensated gradient and its payload, and the slowest time."""
+    """Every local worker's error-compensated gradient and its payload, and the slowest worker's
+    compression time, measured and on the run's clock."""
     comps: list[torch.Tensor]
     payloads: list[Payload]
     seconds: float
+    model_s: float
 
 
 class CompressingMethod(Method):
@@ -185,29 +202,68 @@ class CompressingMethod(Method):
         """One seed per step for all workers, unless the compressor draws per worker."""
         return self.step_seed(step, level, rank + 1 if self.compressor.per_rank_seed else 0)
 
+    # --- timing: every compression operation is measured and put on the run's clock ----------
+    def op_key(self, op: str, **params) -> str:
+        """Names an operation for the clock's cost table: what it is, on which compressor and
+        layout, at which CF; identical on every worker and in every identical run."""
+        if not hasattr(self, "_op_id"):
+            import hashlib
+            text = f"{self.comp_cfg!r}|{self.sizes}|{self.memory_momentum}"
+            self._op_id = hashlib.sha256(text.encode()).hexdigest()[:12]
+        args = ",".join(f"{k}={_text(v)}" for k, v in sorted(params.items()))
+        return f"{self.comp_cfg.name}:{self._op_id}:{op}({args})"
+
+    def timed(self, key: str, fn):
+        """fn(), adding its seconds on the run's clock (the cost table) to the current worker's
+        tally; without a clock (the method used on its own) only the measured span counts."""
+        costs = self.env.costs
+        if costs is None:
+            return fn()
+        t0 = time.perf_counter()
+        out = fn()
+        self._tally += costs.cost(key, fn, time.perf_counter() - t0)
+        return out
+
+    def worker_span(self, work):
+        """(work(), measured seconds, seconds on the run's clock) of one worker's compression;
+        a first calibration of an operation's cost is not part of the measured time."""
+        costs = self.env.costs
+        self._tally = 0.0
+        spent = costs.spent_s if costs is not None else 0.0
+        t0 = self.clock()
+        out = work()
+        dt = self.clock() - t0
+        if costs is None:
+            return out, dt, dt
+        return out, dt - (costs.spent_s - spent), self._tally
+
     def compress_one(self, w: int, g: torch.Tensor, cf, step: int, level: int = 0) -> tuple[torch.Tensor, Payload]:
-        """Local worker `w`: its gradient plus residual, and that compressed at `cf`."""
-        comp = self.memories[level][w].compensate(g)
+        """Local worker `w`: its gradient plus residual, and that compressed at `cf` (timed)."""
+        mem = self.memories[level][w]
+        comp = self.timed(self.op_key("compensate"), lambda: mem.compensate(g))
+        seed = self.seed_for(step, level, self.group.local_ranks[w])
         try:
-            return comp, self.compressor.compress(comp, cf, seed=self.seed_for(step, level, self.group.local_ranks[w]))
+            return comp, self.timed(self.op_key("compress", cf=cf), lambda: self.compressor.compress(comp, cf, seed=seed))
         except ValueError as e:
             raise_diverged(e, step, self.name)
 
     def compress_all(self, grads: list[torch.Tensor], cf, step: int, level: int = 0) -> Compressed:
-        """compress_one for every local worker, timed; the slowest worker's time counts."""
-        comps, payloads, slowest = [], [], 0.0
+        """compress_one for every local worker; the slowest worker's times count."""
+        comps, payloads, slowest, slowest_model = [], [], 0.0, 0.0
         for w, g in enumerate(grads):
-            t0 = self.clock()
-            comp, p = self.compress_one(w, g, cf, step, level)
-            slowest = max(slowest, self.clock() - t0)
+            (comp, p), dt, model = self.worker_span(lambda: self.compress_one(w, g, cf, step, level))
+            slowest, slowest_model = max(slowest, dt), max(slowest_model, model)
             comps.append(comp)
             payloads.append(p)
-        return Compressed(comps, payloads, slowest)
+        return Compressed(comps, payloads, slowest, slowest_model)
 
-    def finish(self, comps: list[torch.Tensor], sent: list[Payload], compress_s: float,
-               comm: CommStats | None = None, extra: dict | None = None, level: int = 0) -> StepResult:
-        """Aggregate what every worker sends, update each worker's residual (compensated − sent),
-        and state the step's cost; `comm` holds collectives the method already ran this step."""
+    def finish(self, c: Compressed, sent: list[Payload] | None = None, comm: CommStats | None = None,
+               extra: dict | None = None, level: int = 0) -> StepResult:
+        """Aggregate what every worker sends (`sent`, default c.payloads), update each worker's
+        residual (compensated − sent), and state the step's cost; `comm` holds collectives the
+        method already ran this step."""
+        comps, compress_s, compress_model_s = c.comps, c.seconds, c.model_s
+        sent = c.payloads if sent is None else sent
         avg, agg = self.group.aggregate(sent)
         comm = agg if comm is None else comm + agg
         extra = dict(extra or {})
@@ -216,7 +272,7 @@ class CompressingMethod(Method):
         for mem, c, p in zip(self.memories[level], comps, sent):
             mem.update(c, p)
         return StepResult(grad=avg, cf=self.numel / comm.floats, floats_sent=comm.floats, comm=comm,
-                          compress_s=compress_s, extra=extra)
+                          compress_s=compress_s, compress_model_s=compress_model_s, extra=extra)
 
     def state_dict(self) -> dict:
         return {"memories": [[m.state_dict() for m in lvl] for lvl in self.memories]}
@@ -225,6 +281,14 @@ class CompressingMethod(Method):
         for lvl, saved in zip(self.memories, state["memories"]):
             for m, s in zip(lvl, saved):
                 m.load_state_dict(s)
+
+
+def _text(v) -> str:
+    """A CF or CF list as text for an operation's key (a list becomes a short digest)."""
+    if isinstance(v, (list, tuple)):
+        import hashlib
+        return "list-" + hashlib.sha256(repr([float(x) for x in v]).encode()).hexdigest()[:10]
+    return f"{float(v):.6g}" if isinstance(v, (int, float)) else str(v)
 
 
 def raise_diverged(err: Exception, step: int, method: str):

@@ -2,17 +2,25 @@
 from __future__ import annotations
 
 from gravac.methods.base import METHODS, Method, StepContext, StepResult
+from gravac.timeline import Piece
 
 
 @METHODS.register("dense", doc="all-reduce of the full gradient (the baseline)")
 class Dense(Method):
-    """All-reduce the full gradient; CF 1, M floats per worker per step."""
+    """All-reduce the full gradient; CF 1, M floats per worker per step.
+
+    With DDP-style buckets (from the run's clock), time is modelled as one all-reduce per bucket,
+    each sent as soon as its gradients are ready, as DDP does; the values are reduced in one call.
+    """
     name = "dense"
     order = 0
 
     def step(self, grads, ctx: StepContext) -> StepResult:
-        avg, comm = self.group.allreduce_mean(grads)
-        return StepResult(grad=avg, cf=1.0, floats_sent=comm.floats, comm=comm)
+        buckets = self.env.buckets
+        sizes = [sum(self.sizes[i] for i in b) for b in buckets] if buckets else None
+        avg, comm = self.group.allreduce_mean(grads, bucket_elements=sizes)
+        pieces = [Piece(b, 0.0, [m]) for b, m in zip(buckets, comm.messages)] if buckets else None
+        return StepResult(grad=avg, cf=1.0, floats_sent=comm.floats, comm=comm, pieces=pieces)
 
     @classmethod
     def label(cls, cfg, comp) -> str:

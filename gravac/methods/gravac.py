@@ -49,7 +49,7 @@ import torch
 
 from compressors import Payload
 from compressors.registry import option
-from gravac.methods.base import METHODS, CompressingMethod, StepContext, StepResult, raise_diverged
+from gravac.methods.base import METHODS, CompressingMethod, Compressed, StepContext, StepResult, raise_diverged
 from gravac.schema import MethodCfg
 
 
@@ -302,22 +302,26 @@ class GraVAC(CompressingMethod):
         return [cfg.epsilon]
 
     def _compress_worker(self, w: int, g: torch.Tensor, step: int, cf_min: float, cs: float):
-        """Compensate and compress one worker's gradient at both levels; squared norms, time."""
+        """Compensate and compress one worker's gradient at both levels; squared norms."""
         rank = self.group.local_ranks[w]
-        t0 = self.clock()
         comp, p_min = self.compress_one(w, g, cf_min, step)
         try:
-            p_c = self.compressor.recompress(p_min, cs, seed=self.seed_for(step, 1, rank)) if cs > 1 else p_min
+            p_c = (self.timed(self.op_key("recompress", cf=cf_min, cs=cs),
+                              lambda: self.compressor.recompress(p_min, cs, seed=self.seed_for(step, 1, rank)))
+                   if cs > 1 else p_min)
         except ValueError as e:
             raise_diverged(e, step, self.name)
-        norms = [sq_norm(comp), sq_norm(p_min.values), sq_norm(p_c.values)]
-        return comp, p_min, p_c, norms, self.clock() - t0
+        norms = self.timed(self.op_key("norms", cf=cf_min, cs=cs),
+                           lambda: [sq_norm(comp), sq_norm(p_min.values), sq_norm(p_c.values)])
+        return comp, p_min, p_c, norms
 
     def step(self, grads, ctx: StepContext) -> StepResult:
         ctl = self.ctl
         cf_min, cs = ctl.cf_min, ctl.cs
-        per_worker = [self._compress_worker(w, g, ctx.step, cf_min, cs) for w, g in enumerate(grads)]
-        comps, p_mins, p_cs, norms, times = (list(col) for col in zip(*per_worker))
+        spans = [self.worker_span(lambda: self._compress_worker(w, g, ctx.step, cf_min, cs))
+                 for w, g in enumerate(grads)]
+        comps, p_mins, p_cs, norms = (list(col) for col in zip(*(s[0] for s in spans)))
+        times = [s[1] for s in spans]
         t_prev = self.t_prev if ctx.prev_step_s is None else [ctx.prev_step_s] * len(grads)
         rows = [n + [t] for n, t in zip(norms, t_prev)]   # + each worker's last step time
         table, comm = self.group.gather_floats(rows)
@@ -331,7 +335,8 @@ class GraVAC(CompressingMethod):
             sent = p_mins
         else:
             sent = [Payload(c, None, self.numel) for c in comps]
-        res = self.finish(comps, sent, max(times), comm=comm, extra=self._record(dec))
+        res = self.finish(Compressed(comps, p_mins, max(times), max(s[2] for s in spans)), sent, comm=comm,
+                          extra=self._record(dec))
         comm_s = res.comm.modelled_s if self.model_time else res.comm.measured_s
         self.t_prev = [ctx.compute_s + dt + comm_s for dt in times]
         return res

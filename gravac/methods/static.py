@@ -19,7 +19,7 @@ class Static(CompressingMethod):
     def step(self, grads, ctx: StepContext) -> StepResult:
         cf = self.compressor_cls.scheduled_cf(self.comp_cfg, self.comp_cfg.cf, ctx.epoch)
         c = self.compress_all(grads, cf, ctx.step)
-        return self.finish(c.comps, c.payloads, c.seconds)
+        return self.finish(c)
 
     @classmethod
     def label(cls, cfg, comp) -> str:
