@@ -166,7 +166,6 @@ class CompressingMethod(Method):
 
     needs_compressor = True
     levels = 1
-    record_gain = False                         # add the compression gain to every step's record
     clock = staticmethod(time.perf_counter)     # replaceable by tests that need deterministic times
 
     def __init__(self, cfg, compressor, env):
@@ -267,8 +266,6 @@ class CompressingMethod(Method):
         avg, agg = self.group.aggregate(sent)
         comm = agg if comm is None else comm + agg
         extra = dict(extra or {})
-        if self.record_gain:
-            extra["gain"] = cluster_gain(self.group, comps, sent)
         for mem, c, p in zip(self.memories[level], comps, sent):
             mem.update(c, p)
         return StepResult(grad=avg, cf=self.numel / comm.floats, floats_sent=comm.floats, comm=comm,
@@ -298,16 +295,3 @@ def raise_diverged(err: Exception, step: int, method: str):
         raise DivergedError(f"step {step}: gradient contains NaN/Inf (method={method}); "
                             "lower train.lr or enable train.grad_clip") from None
     raise err
-
-
-def cluster_gain(group: Group, comps: list[torch.Tensor], payloads: list[Payload]) -> float:
-    """Compression gain over the cluster, Σ||C(g_w)||² / Σ||g_w||², for the records only.
-
-    Computed outside the timed compression and exchanged as bookkeeping: it costs a pass over
-    the gradient that a static method would not otherwise make, so it must not inflate its times.
-    """
-    rows = [[float(torch.dot(p.values, p.values)), float(torch.dot(c, c))]
-            for c, p in zip(comps, payloads)]
-    rows = group.bookkeeping(rows)
-    total = sum(r[1] for r in rows)
-    return sum(r[0] for r in rows) / total if total > 0 else 1.0

@@ -39,6 +39,13 @@ Choices where the paper leaves room (all parameters in cfg.method; defaults in b
      after a few windows whatever the gains, and if δ there stays below ε the run keeps sending
      cf_min: the intermediate CFs get one window each.]
   Scaling down happens only per step, through ε (fall back to cf_min, then dense).
+- Gain definition [`gain`="paper"]: "code" decides on the authors' code's gain instead
+  (gravac/gains.py: Σ_l||C(g_o)_l|| over Σ_l||g_l|| of the raw gradient, each side smoothed by a
+  sliding-window EWMA, `gain_window`, `gain_alpha`), summed over workers so all decide alike; the
+  controller then takes the smoothed gains as they are (its own EWMA off) and, as in the code, the
+  candidate's smoothing is not restarted when the candidate CF changes. Both definitions are
+  recorded every step (`gain_paper_raw`, `gain_code_raw`, `gain_code`: [at cf_min, at the
+  candidate]); only the deciding one is part of the timed, counted exchange.
 """
 from __future__ import annotations
 
@@ -49,6 +56,7 @@ import torch
 
 from compressors import Payload
 from compressors.registry import option
+from gravac.gains import CodeGain, layer_norm_sum, payload_layer_norm_sum, segment_bounds
 from gravac.methods.base import METHODS, CompressingMethod, Compressed, StepContext, StepResult, raise_diverged
 from gravac.schema import MethodCfg
 
@@ -67,6 +75,9 @@ class GraVACCfg(MethodCfg):
     reset_step: bool = False             # restart cs at `step` after cf_min is raised
     tcomp: str = option("mean", choices=("mean", "last"))       # T_compression: mean since the window began | last
     grow_if: str = option("always", choices=("always", "accepted"))   # grow cs every window | while accepted
+    gain: str = option("paper", choices=("paper", "code"))      # which gain decides (gravac/gains.py)
+    gain_window: int = option(25, check=lambda v: v >= 1, valid=">= 1")          # gain=code: sliding window
+    gain_alpha: float = option(0.05, check=lambda v: 0 < v <= 1, valid="in (0, 1]")   # gain=code: EWMA alpha
 
     def errors(self, prefix: str) -> list[str]:
         if self.cf_max < self.cf_min:
@@ -265,6 +276,11 @@ class GraVACController:
         self.s = ControllerState(**st)
 
 
+def _ratio(num: float, den: float) -> float:
+    """A gain from cluster sums; 1 when there is nothing to compress (den 0)."""
+    return num / den if den > 0 else 1.0
+
+
 def sq_norm(x: torch.Tensor) -> float:
     """||x||² as a Python float."""
     x = x.reshape(-1)
@@ -282,6 +298,11 @@ class GraVAC(CompressingMethod):
         super().__init__(cfg, compressor, env)
         m = cfg
         alpha = m.ewma if m.ewma > 0 else min(1.0, self.group.world / 100)
+        self.code = m.gain == "code"
+        if self.code:           # the code's own smoothing (gravac/gains.py); the controller takes it as is
+            alpha = 1.0
+        self.code_min, self.code_c = CodeGain(m.gain_window, m.gain_alpha), CodeGain(m.gain_window, m.gain_alpha)
+        self.bounds = segment_bounds(self.sizes)
         self.ctl = GraVACController(
             m.cf_min, m.cf_max, m.window, m.step, m.epsilon, m.omega, m.policy, alpha,
             reset_step=m.reset_step, tcomp=m.tcomp,
@@ -311,23 +332,30 @@ class GraVAC(CompressingMethod):
                    if cs > 1 else p_min)
         except ValueError as e:
             raise_diverged(e, step, self.name)
-        norms = self.timed(self.op_key("norms", cf=cf_min, cs=cs),
-                           lambda: [sq_norm(comp), sq_norm(p_min.values), sq_norm(p_c.values)])
-        return comp, p_min, p_c, norms
+        paper = lambda: [sq_norm(comp), sq_norm(p_min.values), sq_norm(p_c.values)]  # noqa: E731
+        code = lambda: [layer_norm_sum(g, self.bounds), payload_layer_norm_sum(p_min, self.bounds),  # noqa: E731
+                        payload_layer_norm_sum(p_c, self.bounds)]
+        deciding, other = (code, paper) if self.code else (paper, code)
+        norms = self.timed(self.op_key("norms", cf=cf_min, cs=cs, gain=self.cfg.gain), deciding)
+        return comp, p_min, p_c, norms, other      # the other definition is computed after, untimed
 
     def step(self, grads, ctx: StepContext) -> StepResult:
         ctl = self.ctl
         cf_min, cs = ctl.cf_min, ctl.cs
         spans = [self.worker_span(lambda: self._compress_worker(w, g, ctx.step, cf_min, cs))
                  for w, g in enumerate(grads)]
-        comps, p_mins, p_cs, norms = (list(col) for col in zip(*(s[0] for s in spans)))
+        comps, p_mins, p_cs, norms, others = (list(col) for col in zip(*(s[0] for s in spans)))
         times = [s[1] for s in spans]
         t_prev = self.t_prev if ctx.prev_step_s is None else [ctx.prev_step_s] * len(grads)
         rows = [n + [t] for n, t in zip(norms, t_prev)]   # + each worker's last step time
         table, comm = self.group.gather_floats(rows)
-        total_o = sum(r[0] for r in table)
-        d_min = sum(r[1] for r in table) / total_o if total_o > 0 else 1.0
-        d_c = sum(r[2] for r in table) / total_o if total_o > 0 else 1.0
+        sums = [sum(r[i] for r in table) for i in range(3)]
+        other = [sum(col) for col in zip(*self.group.bookkeeping([o() for o in others]))]   # records only
+        paper, code = (other, sums) if self.code else (sums, other)
+        raw = {"paper": [_ratio(paper[1], paper[0]), _ratio(paper[2], paper[0])],
+               "code": [_ratio(code[1], code[0]), _ratio(code[2], code[0])]}
+        smoothed_code = [self.code_min.update(code[1], code[0]), self.code_c.update(code[2], code[0])]
+        d_min, d_c = smoothed_code if self.code else raw["paper"]
         dec = ctl.step(ctx.step, d_min, d_c, max(r[3] for r in table), ctx.samples)
         if dec.level == "c":
             sent = p_cs
@@ -335,8 +363,10 @@ class GraVAC(CompressingMethod):
             sent = p_mins
         else:
             sent = [Payload(c, None, self.numel) for c in comps]
+        extra = {**self._record(dec), "gain_paper_raw": raw["paper"], "gain_code_raw": raw["code"],
+                 "gain_code": smoothed_code}     # [at cf_min, at the candidate], both definitions
         res = self.finish(Compressed(comps, p_mins, max(times), max(s[2] for s in spans)), sent, comm=comm,
-                          extra=self._record(dec))
+                          extra=extra)
         comm_s = res.comm.modelled_s if self.model_time else res.comm.measured_s
         self.t_prev = [ctx.compute_s + dt + comm_s for dt in times]
         return res
@@ -349,9 +379,13 @@ class GraVAC(CompressingMethod):
                 "t_compression": {cf_key(cf): v for cf, v in sorted(self.ctl.t_compression.items())}}
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "controller": self.ctl.state_dict(), "t_prev": list(self.t_prev)}
+        return {**super().state_dict(), "controller": self.ctl.state_dict(), "t_prev": list(self.t_prev),
+                "code_gain": [self.code_min.state_dict(), self.code_c.state_dict()]}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.ctl.load_state_dict(state["controller"])
         self.t_prev = list(state["t_prev"])
+        if "code_gain" in state:
+            self.code_min.load_state_dict(state["code_gain"][0])
+            self.code_c.load_state_dict(state["code_gain"][1])
