@@ -1,0 +1,341 @@
+"""Hold the network model against a real rate-limited network (issue 13, section 3).
+
+    python bench/netval.py            # full sweep (~15 min): results/netval.csv + results/netval.png
+    python bench/netval.py --quick    # two workers, one rate, a few sizes (~1 min)
+
+N workers run in N network namespaces joined by veth pairs to a bridge (bench/netns.py), each link
+shaped by `tc tbf` (and `netem delay` for the latency setting). Through the project's own
+DistGroup (gloo) they time real all-reduces and padded sparse all-gathers from 4 KB up, and
+whole training steps of a mini model with cluster=ddp (dense, static Top-k 10x, GraVAC ε=0.7);
+each measurement sits beside what the alpha-beta model predicts for the same size, N, rate and
+latency. Without root or iproute2 it says what is missing in one line and exits 0 (nothing to do).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from netns import Netns, has_netem, missing  # noqa: E402
+
+PORT = 29500            # inside namespaces this script created: nothing else can listen there
+BASE_LATENCY_US = 10.0  # the presets' per-message latency, added to netem's delay in predictions
+FIELDS = ["kind", "workers", "rate_mbit", "delay_ms", "bytes", "reps", "measured_s", "predicted_s",
+          "ratio", "measured_min_s", "measured_max_s", "detail"]
+STEP_ARMS = {"dense": [], "topk10": ["arm=topk10"], "gravac07": ["arm=gravac07"]}
+
+
+# --- inside a namespace: one rank of the collective benchmark ---------------------------------
+def worker(a) -> None:
+    """Time the Group's collectives at every size; rank 0 writes the rows as JSON."""
+    import torch
+    import torch.distributed as dist
+
+    from compressors import COUNT_BYTES, Payload
+    from gravac.comm import DistGroup
+    from gravac.netmodel import NetworkModel
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{a.master}:{PORT}", rank=a.rank, world_size=a.world)
+    net = NetworkModel(alpha_s=(a.delay_ms * 1e3 + BASE_LATENCY_US) * 1e-6, beta_Bps=a.rate_mbit * 1e6 / 8)
+    group = DistGroup(net, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(a.rank)
+    rows = []
+    for kind in ("allreduce", "allgather"):
+        for nbytes in a.sizes:
+            if kind == "allreduce":
+                n = max(1, nbytes // 4)
+                predicted = net.allreduce(4 * n, a.world)
+            else:  # a Top-k-like payload of float32 values + int32 indices, `nbytes` per worker
+                n = max(1, nbytes // 8)
+                predicted = net.allgather(COUNT_BYTES, a.world) + net.allgather(8 * n, a.world)
+            if predicted > a.max_s:
+                continue
+            if kind == "allreduce":
+                x = torch.randn(n, generator=gen)
+                call = lambda x=x: group.allreduce_mean([x])[1]  # noqa: E731
+            else:
+                p = Payload(torch.randn(n, generator=gen), torch.arange(n) * 2 + a.rank % 2, 2 * n)
+                call = lambda p=p: group.aggregate([p])[1]  # noqa: E731
+            assert abs(call().modelled_s - predicted) <= 1e-9 * predicted   # warm-up (connections, buffers)
+            reps = a.reps if predicted < 1.0 else max(2, a.reps // 3)
+            times = []
+            for _ in range(reps):
+                group.barrier()
+                s = call()
+                times.append(max(r[0] for r in group.bookkeeping([[s.measured_s]])))  # the slowest rank
+            med = statistics.median(times)
+            rows.append({"kind": kind, "bytes": nbytes, "reps": reps, "measured_s": med, "predicted_s": predicted,
+                         "ratio": med / predicted, "measured_min_s": min(times), "measured_max_s": max(times),
+                         "detail": "gloo via gravac.comm.DistGroup"})
+    if a.rank == 0:
+        Path(a.json).write_text(json.dumps(rows))
+    group.barrier()
+    dist.destroy_process_group()
+
+
+# --- inside a namespace: one rank of real torch DDP (overlapping buckets) ------------------------
+def ddp_worker(a) -> None:
+    """Time real DDP steps of a mini model, and predict them with gravac.timeline from the same
+    process's profile (measured without communication): serial and overlapped."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gravac.models.registry import MODELS, build_model
+    from gravac.netmodel import NetworkModel
+    from gravac.profile import measure_profile
+    from gravac.timeline import Piece, buckets, schedule
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", init_method=f"tcp://{a.master}:{PORT}", rank=a.rank, world_size=a.world)
+    model = build_model(MODELS[a.model].config(name=a.model), 10, "classification")
+    x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+    loss_fn = torch.nn.functional.cross_entropy
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+    def local_step(mark):
+        out = model(x)
+        loss = loss_fn(out, y)
+        mark()
+        loss.backward()
+    prof = measure_profile(local_step, params, opt.step, a.reps)      # no communication at all
+    ddp = DDP(model, bucket_cap_mb=25)
+    times = []
+    for i in range(a.reps + 3):       # DDP rebuilds its buckets in ready order after the first step
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss_fn(ddp(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    rows = [[statistics.median(times)]]
+    net = NetworkModel(alpha_s=(a.delay_ms * 1e3 + BASE_LATENCY_US) * 1e-6, beta_Bps=a.rate_mbit * 1e6 / 8)
+    order = sorted(range(len(params)), key=lambda i: (prof["ready_s"][i], -i))
+    sizes = [p.numel() for p in params]
+    pieces = [Piece(b, 0.0, [net.allreduce(4 * sum(sizes[i] for i in b), a.world)])
+              for b in buckets(sizes, order, 4, 25.0, 1.0)]
+    overlap = schedule(prof["forward_s"], prof["backward_s"], prof["ready_s"], prof["optimizer_s"], pieces)
+    serial = prof["forward_s"] + prof["backward_s"] + prof["optimizer_s"] + sum(p.messages[0] for p in pieces)
+    measured = max(r[0] for r in _gather(rows, a.world))
+    if a.rank == 0:
+        Path(a.json).write_text(json.dumps([{
+            "kind": "ddp_step", "bytes": 4 * sum(sizes), "reps": a.reps, "measured_s": measured,
+            "predicted_s": overlap.step_s, "ratio": measured / overlap.step_s, "measured_min_s": min(times),
+            "measured_max_s": max(times),
+            "detail": f"torch DDP {a.model}, {len(pieces)} buckets; serial prediction {serial:.4f} s "
+                      f"(ratio {measured / serial:.3f}); compute {prof['forward_s'] + prof['backward_s']:.4f} s"}]))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _gather(rows: list[list[float]], world: int) -> list[list[float]]:
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor(rows[0], dtype=torch.float64)
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
+
+
+# --- the host side ----------------------------------------------------------------------------
+def _wait(procs: list[subprocess.Popen], timeout_s: float, what: str) -> None:
+    """Wait for every process; on a failure or timeout kill the rest and say which rank failed."""
+    end = time.monotonic() + timeout_s
+    for rank, p in enumerate(procs):
+        try:
+            rc = p.wait(timeout=max(1.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rc != 0:
+            for q in procs:
+                q.kill()
+            err = (p.stderr.read().decode(errors="replace")[-2000:] if p.stderr and rc is not None else "")
+            raise SystemExit(f"error: {what}: rank {rank} " + (f"exited with {rc}:\n{err}" if rc is not None
+                                                             else f"did not finish within {timeout_s:.0f} s"))
+
+
+def _env(rank: int, world: int, master: str) -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": master, "MASTER_PORT": str(PORT),
+            "OMP_NUM_THREADS": "1"}
+
+
+def collectives(n: int, rate: float, delay: float, args, mode: str = "_worker") -> list[dict]:
+    """Rows of the collective benchmark (or, mode `_ddp`, of real DDP steps) on a fresh shaped
+    network of n hosts."""
+    with Netns(n, rate, delay) as net, tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        argv = [sys.executable, str(Path(__file__).resolve()), mode, "--model", args.ddp_model, "--world", str(n), "--master", net.addr(0),
+                "--rate-mbit", str(rate), "--delay-ms", str(delay), "--reps", str(args.reps),
+                "--max-s", str(args.max_s), "--json", out, "--sizes", *map(str, args.sizes)]
+        procs = [net.popen(i, [*argv, "--rank", str(i)], env=_env(i, n, net.addr(0)), stderr=subprocess.PIPE)
+                 for i in range(n)]
+        _wait(procs, args.timeout_s, f"{mode[1:]}, {n} workers at {rate:g} Mbit/s")
+        rows = json.loads(Path(out).read_text())
+    return [{**r, "workers": n, "rate_mbit": rate, "delay_ms": delay} for r in rows]
+
+
+def steps(n: int, rate: float, delay: float, args) -> list[dict]:
+    """Rows of whole training steps (one per arm): measured step wall time against the serial
+    prediction from the same step's measured compute/compression/optimizer + modelled comm."""
+    rows = []
+    for arm, extra in STEP_ARMS.items():
+        with Netns(n, rate, delay) as net, tempfile.TemporaryDirectory() as tmp:
+            argv = [sys.executable, str(ROOT / "bench" / "run.py"), f"experiment={args.step_experiment}", *extra,
+                    "cluster=ddp", f"cluster.workers={n}", "cluster.threads=1", f"train.steps={args.steps}",
+                    "train.eval_every=100000", "logger.progress=false", "experiment.name=netval",
+                    f"experiment.results_root={tmp}", "network.name=netval",
+                    f"network.bandwidth_gbps={rate / 1000}", f"network.latency_us={delay * 1e3 + BASE_LATENCY_US}",
+                    "network.overlap=false"]
+            procs = [net.popen(i, argv, env=_env(i, n, net.addr(0)), stderr=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL) for i in range(n)]
+            _wait(procs, args.timeout_s, f"{arm} steps, {n} workers at {rate:g} Mbit/s")
+            (run_dir,) = list(Path(tmp, "netval").glob("*-*"))
+            rows.append(_step_row(run_dir / "steps.jsonl", arm, n, rate, delay))
+    return rows
+
+
+def _step_row(path: Path, arm: str, n: int, rate: float, delay: float) -> dict:
+    """Median over steps (the first three dropped: warm-up, calibration) of measured vs predicted."""
+    recs = [json.loads(line) for line in path.read_text().splitlines()][3:]
+    wall = [r["step_wall_s"] for r in recs]
+    pred = [r["compute_s"] + r["compress_s"] + r["optimizer_s"] + r["comm_model_s"] for r in recs]
+    comm, comm_model = statistics.median(r["comm_s"] for r in recs), statistics.median(r["comm_model_s"] for r in recs)
+    med, pmed = statistics.median(wall), statistics.median(pred)
+    return {"kind": f"step_{arm}", "workers": n, "rate_mbit": rate, "delay_ms": delay,
+            "bytes": round(statistics.median(r["wire_bytes"] for r in recs)), "reps": len(recs),
+            "measured_s": med, "predicted_s": pmed, "ratio": med / pmed, "measured_min_s": min(wall),
+            "measured_max_s": max(wall),
+            "detail": f"comm measured {comm:.4f} s vs modelled {comm_model:.4f} s; mean CF "
+                      f"{statistics.mean(r['cf'] for r in recs):.1f}"}
+
+
+PARTS = ("collectives", "latency", "ddp", "steps")
+
+
+def part_of(row: dict) -> str:
+    kind = str(row["kind"])
+    if kind.startswith("step_"):
+        return "steps"
+    if kind == "ddp_step":
+        return "ddp"
+    return "latency" if float(row["delay_ms"]) > 0 else "collectives"
+
+
+def settings(args) -> list[tuple[str, int, float, float]]:
+    """(part, workers, Mbit/s, delay ms) to run, in order."""
+    if args.quick:
+        return [("collectives", 2, 100.0, 0.0)]
+    out = [("collectives", n, r, 0.0) for r in args.rates for n in args.workers]
+    if args.delay_ms > 0:
+        if has_netem():
+            out.append(("latency", 4, args.rates[0], args.delay_ms))
+        else:
+            print("netval: latency setting skipped: this kernel has no netem qdisc (tc: 'Specified qdisc "
+                  "kind is unknown')", flush=True)
+    out += [("ddp", 2, r, 0.0) for r in args.rates]
+    out += [("steps", n, args.rates[0], 0.0) for n in (2, 4)]
+    return [s for s in out if s[0] in args.parts]
+
+
+def kept_rows(args, out: Path) -> list[dict]:
+    """Rows of an existing CSV that belong to parts not rerun now (`--parts` reruns a subset)."""
+    if args.quick or set(args.parts) == set(PARTS) or not out.is_file():
+        return []
+    with open(out) as f:
+        return [r for r in csv.DictReader(f) if part_of(r) not in args.parts]
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    import io
+
+    from gravac.results import atomic_write
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, FIELDS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in FIELDS})
+    atomic_write(path, buf.getvalue())
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", nargs="?", default="run", choices=["run", "_worker", "_ddp"], help=argparse.SUPPRESS)
+    p.add_argument("--quick", action="store_true", help="2 workers, 100 Mbit/s, sizes up to 4 MB, no steps")
+    p.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
+                   help="what to run; rows of the other parts already in --out are kept")
+    p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
+    p.add_argument("--rates", type=float, nargs="+", default=[100.0, 1000.0], help="Mbit/s")
+    p.add_argument("--delay-ms", type=float, default=2.0, help="one-way delay of the latency setting")
+    p.add_argument("--sizes", type=int, nargs="+",
+                   default=[4096, 65536, 1 << 20, 4 << 20, 16 << 20, 100 << 20], help="bytes")
+    p.add_argument("--reps", type=int, default=6)
+    p.add_argument("--max-s", type=float, default=20.0, help="skip sizes predicted to take longer")
+    p.add_argument("--steps", type=int, default=25)
+    p.add_argument("--step-experiment", default="mini_vgg")
+    p.add_argument("--ddp-model", default="vgg_mini", help="model of the real-DDP overlap check")
+    p.add_argument("--timeout-s", type=float, default=900.0)
+    p.add_argument("--out", default=str(ROOT / "results" / "netval.csv"))
+    p.add_argument("--figure", default=None, help="default: the CSV's path with .png")
+    # worker-only
+    for name, typ in (("--rank", int), ("--world", int), ("--master", str), ("--rate-mbit", float), ("--json", str), ("--model", str)):
+        p.add_argument(name, type=typ, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.quick:
+        a.sizes = [s for s in a.sizes if s <= 4 << 20]
+    return a
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    if a.mode != "run":
+        (worker if a.mode == "_worker" else ddp_worker)(a)
+        return 0
+    why = missing()
+    if why:
+        print(f"netval: skipped: {why}")
+        return 0
+    signal.signal(signal.SIGTERM, _interrupt)  # namespaces are deleted by the context managers
+    out, t0 = Path(a.out), time.monotonic()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = kept_rows(a, out)
+    try:
+        for what, n, rate, delay in settings(a):
+            t = time.monotonic()
+            if what == "steps":
+                rows += steps(n, rate, delay, a)
+            else:
+                rows += collectives(n, rate, delay, a, "_ddp" if what == "ddp" else "_worker")
+            write_csv(rows, out)      # after every setting: an interrupted sweep keeps what it measured
+            print(f"{what}: {n} workers, {rate:g} Mbit/s, delay {delay:g} ms: {time.monotonic() - t:.0f} s", flush=True)
+    except KeyboardInterrupt:
+        print(f"netval: interrupted; namespaces deleted; {out} holds the {len(rows)} rows of the finished settings",
+              file=sys.stderr)
+        return 130
+    from plots.netval import draw
+    fig = Path(a.figure) if a.figure else out.with_suffix(".png")
+    draw(rows, fig)
+    print(f"wrote {out} and {fig} ({len(rows)} rows, {time.monotonic() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
