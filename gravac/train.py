@@ -152,9 +152,6 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
                     g["lr"] = lr
                 comp = workers.compute(step, stop.requested)
                 loss = comp.loss
-                if comp.stop:  # every worker saw the request at this same step boundary
-                    save(step)
-                    raise Interrupted(f"interrupted at step {step}; checkpoint saved. Resume with:\n  {resume_cmd}")
                 if not math.isfinite(loss):
                     raise DivergedError(f"step {step}: loss is {loss} (method={cfg.method.name}); "
                                         "lower train.lr or enable train.grad_clip")
@@ -175,6 +172,12 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
                 cadence.after(step)
                 tracker.step(record, {"loss": f"{loss:.3f}", parts.evaluator.metric: summary.last_metric_str(),
                                       "cf": f"{res.cf:.4g}"})
+                if comp.stop and step + 1 < parts.total:
+                    # Every worker saw the request in this step's exchange. The step's batch is
+                    # already drawn (loaders, RNG and BatchNorm moved on), so finish it and save at
+                    # the next boundary: resuming from there is exact.
+                    save(step + 1)
+                    raise Interrupted(f"interrupted at step {step + 1}; checkpoint saved. Resume with:\n  {resume_cmd}")
         status = "completed"
         writer.save_model(parts.model.state_dict())
     except DivergedError as e:

@@ -76,6 +76,27 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_stop_signal_then_resume_equals_uninterrupted(tmp_path, sig):
+    """A soft stop finishes the step whose batch was drawn and checkpoints the next boundary, so the
+    resumed run is bit-identical to one never stopped (the stop once saved one batch ahead)."""
+    args = [*ARGS, *GRAVAC, "train.checkpoint_every=0"]
+    ref = run_cli([*args, f"experiment.results_root={tmp_path / 'ref'}"])
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    root = tmp_path / "stopped"
+    proc = _popen([*args, f"experiment.results_root={root}"])
+    run = _wait_for_steps(root, 11, proc)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    res = run_cli([*args, f"experiment.results_root={root}", f"experiment.resume={run}"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    a, b = _records(_only_run(tmp_path / "ref"), "steps.jsonl"), _records(run, "steps.jsonl")
+    assert [r["step"] for r in b] == list(range(24))
+    keys = ("loss", "cf", "floats_sent", "wire_bytes", "level", "delta_min", "delta_c")
+    assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
+
+
 def test_sigint_checkpoints_and_says_how_to_resume(tmp_path):
     proc = _popen([*ARGS, "train.steps=400", "train.checkpoint_every=0", f"experiment.results_root={tmp_path}"])
     run = _wait_for_steps(tmp_path, 3, proc)
