@@ -93,3 +93,25 @@ def test_gravac_gain_code_compresses_where_the_papers_gain_sends_dense():
     # both definitions are recorded by both runs, and the first step (same inputs) agrees
     assert rp[0]["gain_code_raw"] == pytest.approx(rc[0]["gain_code_raw"])
     assert rp[0]["gain_paper_raw"] == pytest.approx(rc[0]["gain_paper_raw"])
+
+
+def test_gain_probe_figure_and_table_from_a_static_run(tmp_path):
+    """A static run with probe CFs records both gains at every CF; plots/gains.py draws and tabulates them."""
+    from conftest import run_cli
+    from plots import gains as gains_plot
+    r = run_cli(["method=static", "compressor=topk", "compressor.cf=10", "method.probe_cfs=[20,1000]",
+                 "train.steps=6", "dataset.image_size=8", "dataset.train_size=256", "dataset.test_size=64",
+                 "model.width=4", "train.batch_size=8", "logger.progress=false", "cluster.threads=1",
+                 f"clock.cache_dir={tmp_path / 'cache'}", f"experiment.results_root={tmp_path / 'runs'}"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    (run,) = gains_plot.load(str(tmp_path / "runs"))
+    data = gains_plot.series(run)
+    assert sorted(data) == [10.0, 20.0, 1000.0]
+    for cf in data:
+        assert len(data[cf]["gain"]) == 6 and len(data[cf]["gain_code_raw"]) == 6
+        assert all(0.0 <= v <= 1.0 + 1e-9 for v in data[cf]["gain"])     # the paper's gain is an energy share
+    # more compression keeps less energy, step by step
+    assert all(a >= b for a, b in zip(data[10.0]["gain"], data[1000.0]["gain"]))
+    assert gains_plot.main([str(tmp_path / "runs")]) == 0
+    assert (tmp_path / "runs" / "gains.png").stat().st_size > 0
+    assert "| 1000x |" in (tmp_path / "runs" / "gains.md").read_text()

@@ -30,7 +30,14 @@ EXPECTED = {
     "gravac07": ("gravac", "dgc", None, 0.7, "exponential", 1000),
     "gravac09": ("gravac", "dgc", None, 0.9, "exponential", 1000),
     "gravac_redsync_geo": ("gravac", "redsync", None, 0.7, "geometric", 2000),
+    "gravac07_code": ("gravac", "dgc", None, 0.7, "exponential", 1000),
+    "gravac09_code": ("gravac", "dgc", None, 0.9, "exponential", 1000),
+    "gravac07_accepted": ("gravac", "dgc", None, 0.7, "exponential", 1000),
+    "gravac_randomk": ("gravac", "randomk", None, 0.7, "exponential", 1000),
 }
+# arm -> GraVAC options beyond the table above
+EXTRA = {"gravac07_code": {"gain": "code"}, "gravac09_code": {"gain": "code"},
+         "gravac07_accepted": {"grow_if": "accepted"}, "gravac_randomk": {"cf_min": 1.5, "step": 2.0}}
 
 
 def test_every_arm_is_known():
@@ -50,6 +57,8 @@ def test_arm_sets_method_and_keeps_the_family(exp, arm):
         assert run.compressor.cf == cf
     if eps is not None:
         assert (run.method.epsilon, run.method.policy, run.method.cf_max) == (eps, policy, cf_max)
+    for key, value in EXTRA.get(arm, {}).items():
+        assert getattr(run.method, key) == value
     if method == "accordion":
         assert (run.method.cf_low, run.method.cf_high, run.method.eta) == (1.5, 1000, 0.5)
     # the family's scale wins over the method presets' paper values (window 500, switch_freq 10);

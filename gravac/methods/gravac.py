@@ -312,7 +312,9 @@ class GraVAC(CompressingMethod):
 
     @classmethod
     def label(cls, cfg: GraVACCfg, comp) -> str:
-        return f"GraVAC ε={cfg.epsilon:g} ({comp.name})"
+        extra = "".join([", code gain" if cfg.gain == "code" else "",
+                         ", cs grows if accepted" if cfg.grow_if == "accepted" else ""])
+        return f"GraVAC ε={cfg.epsilon:g} ({comp.name}{extra})"
 
     @classmethod
     def cf_text(cls, cfg: GraVACCfg, comp) -> str:
