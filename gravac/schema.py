@@ -107,12 +107,20 @@ class LoggerCfg:
     entity: str = ""
 
 
+_COMPONENT = "one folder name: no '/' or '\\', not '.' or '..' (results stay under experiment.results_root)"
+
+
+def _one_component(v) -> bool:
+    """A single path component, so a run folder can never land outside the results root."""
+    return isinstance(v, str) and v not in (".", "..") and not any(c in v for c in "/\\\0")
+
+
 @dataclass
 class ExperimentCfg:
     """Names the run and where its results go."""
-    name: str = "default"
+    name: str = option("default", check=lambda v: v != "" and _one_component(v), valid=_COMPONENT)
     results_root: str = "results/runs"
-    run_id: str = ""                    # "" -> generated (time, method, compressor, pid, random)
+    run_id: str = option("", check=lambda v: v == "" or _one_component(v), valid=_COMPONENT)  # "" -> generated
     resume: str = ""                    # a run folder to continue from its latest checkpoint
     tags: list = field(default_factory=list)
 

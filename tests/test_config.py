@@ -95,6 +95,12 @@ BAD = [
     (["cluster.dist_backend=nccl"], "needs cluster.device=cuda"),
     (["dataset.eval_split=valid"], "exists only for ptb"),
     (["model=lstm_mini", "train.target_metric=top1"], "evaluated by perplexity"),
+    # results never land outside experiment.results_root (issue 21 case 3)
+    (["experiment.name=../../escape"], "experiment.name='../../escape' is out of range: must be one folder name"),
+    (["experiment.run_id=../../x"], "experiment.run_id='../../x' is out of range"),
+    (["experiment.run_id=/tmp/abs"], "experiment.run_id='/tmp/abs' is out of range"),
+    (["experiment.name=${oc.env:HOME}"], "is out of range: must be one folder name"),
+    (["experiment.name=.."], "experiment.name='..' is out of range"),
 ]
 
 
@@ -106,7 +112,7 @@ def test_bad_values_in_process(args, fragment):
     assert fragment in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("args,fragment", BAD[:6] + BAD[9:12])
+@pytest.mark.parametrize("args,fragment", BAD[:6] + BAD[9:12] + BAD[-5:-3])
 def test_bad_values_cli_one_line_no_traceback(args, fragment):
     r = run_cli(args, timeout=120)
     assert r.returncode == 2, r.stderr
