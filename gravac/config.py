@@ -57,6 +57,9 @@ def build_config(cfg: Any, overrides: list[str] | None = None) -> RunConfig:
         sections[name] = _build(cls, node, name)
     run = RunConfig(**sections)
     _check(run)
+    if run.train.epochs > 0 and "train.steps" in explicit:
+        raise ConfigError(f"train.steps and train.epochs={run.train.epochs:g} are both set: the run length is one "
+                          "of them; drop one (epochs > 0 wins over a preset's steps)")
     if not method_class(run.method.name).needs_compressor and run.compressor.name != NO_COMPRESSOR:
         # dense ignores the compressor, so a grid `method=dense,gravac compressor=topk,dgc` works;
         # the run records compressor=none so it is never mistaken for a compressed run

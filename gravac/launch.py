@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import sys
 import tempfile
 import traceback
@@ -85,7 +86,7 @@ def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") 
     writer = RunWriter(run_dir, config) if group.is_main else NullWriter()
     if group.is_main and not cfg.experiment.resume:
         atomic_write(os.path.join(run_dir, "command.txt"), command + "\n")
-    resume_cmd = f"{command} experiment.resume={run_dir}"
+    resume_cmd = f"{command} {shlex.quote('experiment.resume=' + run_dir)}"
 
     def tracker_factory(total, dir_):
         return Tracker(cfg.logger, total, config, dir_, enabled=group.is_main)
@@ -128,7 +129,8 @@ def launch(cfg: RunConfig, overrides: list[str] | None = None) -> dict | None:
     `overrides` are the command-line overrides that produced `cfg`; they make up the resume
     command a stopped run prints.
     """
-    command = " ".join(["python bench/run.py", *[o for o in overrides or [] if not o.startswith("experiment.resume=")]])
+    # shell-quoted, so the printed resume command and command.txt survive spaces and brackets in values
+    command = shlex.join(["python", "bench/run.py", *[o for o in overrides or [] if not o.startswith("experiment.resume=")]])
     net = NetworkModel.from_cfg(cfg.network)
     if cfg.cluster.backend == "sim":
         torch.set_num_threads(cfg.cluster.threads or os.cpu_count() or 1)
@@ -218,7 +220,7 @@ def _spawn(cfg: RunConfig, command: str) -> None:
             _join(ctx)
         except mp.ProcessExitedException as e:
             if e.exit_code == 130:
-                raise Interrupted(f"interrupted; resume with: {command} experiment.resume={run_dir}") from None
+                raise Interrupted(f"interrupted; resume with: {command} {shlex.quote('experiment.resume=' + run_dir)}") from None
             _mark_failed(run_dir, f"worker rank {e.error_index} exited with code {e.exit_code}")
             raise WorkerFailed(f"worker rank {e.error_index} failed (exit code {e.exit_code}); "
                                f"its message is above; results so far are in {run_dir}") from None

@@ -48,7 +48,7 @@ class Summary:
 
     def state_dict(self) -> dict:
         """Counters to carry over a checkpoint (configuration and clocks are rebuilt)."""
-        skip = {"cfg", "net", "t0", "elapsed_before", "setting", "clock"}
+        skip = {"cfg", "net", "t0", "elapsed_before", "setting", "clock", "total_steps"}  # total: this command's
         state = {k: v for k, v in vars(self).items() if k not in skip}
         state["elapsed_s"] = self.wall_s()
         return state
@@ -56,6 +56,7 @@ class Summary:
     def load_state_dict(self, state: dict) -> None:
         state = dict(state)
         self.elapsed_before = state.pop("elapsed_s")
+        state.pop("total_steps", None)   # older checkpoints kept it; an extended run has a new total
         vars(self).update(state)
         self.t0 = time.perf_counter()
 

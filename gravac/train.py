@@ -17,7 +17,7 @@ from gravac.checkpoint import Checkpointer, StopFlag
 from gravac.clock import Clock
 from gravac.comm import Group
 from gravac.data import load_dataset
-from gravac.errors import DivergedError, Interrupted
+from gravac.errors import DivergedError, Interrupted, UserError
 from gravac.evaluate import Evaluator
 from gravac.methods import StepContext, build_method
 from gravac.models import build_model, count_parameters
@@ -96,6 +96,9 @@ def start_step(cfg: RunConfig, parts: Parts, net, ckpt: Checkpointer | None, wri
     """Resume from the latest checkpoint (dropping later records), or calibrate a fresh run."""
     start = ckpt.latest_step() if ckpt and cfg.experiment.resume else None
     if start is not None:
+        if start > parts.total:
+            raise UserError(f"cannot resume {cfg.experiment.resume}: its checkpoint is at step {start}, beyond "
+                            f"this command's {parts.total} steps; give train.steps >= {start} (or drop it)")
         parts.load_state_dict(ckpt.load(start), net)
         writer.truncate(start)
         say(f"resumed at step {start} from {cfg.experiment.resume}")

@@ -121,6 +121,14 @@ def test_bad_values_cli_one_line_no_traceback(args, fragment):
     assert len([l for l in r.stderr.splitlines() if l.strip()]) == 1, r.stderr
 
 
+def test_steps_and_epochs_on_one_command_line_are_refused():
+    """epochs > 0 used to win silently over an explicit train.steps (issue 21 case 10)."""
+    args = ["train.steps=50", "train.epochs=2"]
+    with pytest.raises(ConfigError, match="train.steps and train.epochs=2 are both set"):
+        build_config(compose(args), args)
+    assert build_config(compose(["train.epochs=2"]), ["train.epochs=2"]).train.epochs == 2
+
+
 def test_help_lists_groups():
     r = run_cli(["--help"], timeout=120)
     assert r.returncode == 0

@@ -157,3 +157,38 @@ def test_lm_run_extended_from_its_final_checkpoint_equals_a_longer_run(tmp_path)
     assert ext.returncode == 0, ext.stderr[-2000:]
     a, b = _records(_only_run(tmp_path / "ref"), "steps.jsonl"), _records(run, "steps.jsonl")
     assert [(r["loss"], r["cf"]) for r in a] == [(r["loss"], r["cf"]) for r in b] and len(b) == 16
+
+
+def test_printed_resume_command_runs_as_printed_with_a_space_in_the_path(tmp_path):
+    """The resume line and command.txt are shell-quoted (issue 21 case 10): pasted into a shell,
+    they resume the run even when the results root holds a space."""
+    root = tmp_path / "with space"
+    proc = _popen([*ARGS, "train.steps=40", "train.checkpoint_every=0", f"experiment.results_root={root}"])
+    run = _wait_for_steps(root, 3, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    printed = [line.strip() for line in err.splitlines() if "experiment.resume=" in line][-1]
+    assert printed.startswith("python bench/run.py ")
+    assert (run / "command.txt").read_text().strip() in printed
+    r = subprocess.run(printed.replace("python", sys.executable, 1), shell=True, cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    assert [s["step"] for s in _records(run, "steps.jsonl")] == list(range(40))
+
+
+def test_extended_run_reports_its_new_total_and_a_shorter_resume_is_refused(tmp_path):
+    """Resuming with more steps records the new total_steps; fewer steps than the checkpoint is a
+    one-line error, not a silent no-op (issue 21 case 10)."""
+    args = [*ARGS, "train.steps=8", f"experiment.results_root={tmp_path}"]
+    r = run_cli(args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = _only_run(tmp_path)
+    short = run_cli([*ARGS, "train.steps=4", f"experiment.results_root={tmp_path}", f"experiment.resume={run}"])
+    assert short.returncode == 2 and "checkpoint is at step 8, beyond this command's 4 steps" in short.stderr
+    assert "Traceback" not in short.stderr
+    longer = run_cli([*ARGS, "train.steps=12", f"experiment.results_root={tmp_path}", f"experiment.resume={run}"])
+    assert longer.returncode == 0, longer.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["steps"], summary["total_steps"], summary["status"]) == (12, 12, "completed")
