@@ -9,6 +9,10 @@ from __future__ import annotations
 import os
 import time
 
+from gravac.errors import UserError
+
+KINDS = ("raise", "exit", "hang", "nan")
+
 
 def _parse() -> tuple[int, int, str] | None:
     spec = os.environ.get("GRAVAC_FAULT", "")
@@ -16,9 +20,13 @@ def _parse() -> tuple[int, int, str] | None:
         return None
     parts = spec.split(":")
     try:
-        return int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else "raise"
+        rank, step, kind = int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else "raise"
     except (ValueError, IndexError):
-        raise ValueError(f"GRAVAC_FAULT={spec!r} must look like RANK:STEP[:raise|exit|hang|nan]") from None
+        kind = None
+    if kind not in KINDS or len(parts) > 3:
+        raise UserError(f"GRAVAC_FAULT={spec!r} must look like RANK:STEP[:{'|'.join(KINDS)}] "
+                        "(or unset it)") from None
+    return rank, step, kind
 
 
 FAULT = _parse()

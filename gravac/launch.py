@@ -129,6 +129,7 @@ def launch(cfg: RunConfig, overrides: list[str] | None = None) -> dict | None:
     `overrides` are the command-line overrides that produced `cfg`; they make up the resume
     command a stopped run prints.
     """
+    import gravac.faults  # noqa: F401  (a malformed GRAVAC_FAULT is refused before any folder is made)
     # shell-quoted, so the printed resume command and command.txt survive spaces and brackets in values
     command = shlex.join(["python", "bench/run.py", *[o for o in overrides or [] if not o.startswith("experiment.resume=")]])
     net = NetworkModel.from_cfg(cfg.network)

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from gravac.errors import UserError
+
 
 def atomic_write(path: str, data: str | bytes) -> None:
     """Write `data` (text as UTF-8) to `path` so that readers never see a partial file, even
@@ -42,7 +44,11 @@ def _clean(obj: Any) -> Any:
 def make_run_dir(root: str, experiment: str, run_id: str, tag: str) -> str:
     """Create a fresh run folder; concurrent runs get distinct names (time, pid, random)."""
     base = os.path.join(root, experiment)
-    os.makedirs(base, exist_ok=True)
+    try:
+        os.makedirs(base, exist_ok=True)
+    except OSError as e:   # a file on the way (/dev/null), no permission, a full or read-only disk
+        raise UserError(f"cannot create results folder {base}: {e.strerror}; set experiment.results_root "
+                        "to a writable folder") from None
     for _ in range(100):
         name = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{tag}-{os.getpid()}{secrets.token_hex(2)}"
         path = os.path.join(base, name)
@@ -51,7 +57,10 @@ def make_run_dir(root: str, experiment: str, run_id: str, tag: str) -> str:
             return path
         except FileExistsError:
             if run_id:
-                raise
+                raise UserError(f"run folder {path} exists already: choose another experiment.run_id, or "
+                                f"continue it with experiment.resume={path}") from None
+        except OSError as e:
+            raise UserError(f"cannot create run folder {path}: {e.strerror}") from None
     raise RuntimeError(f"could not create a unique run folder under {base}")
 
 

@@ -165,3 +165,38 @@ def test_help_comes_from_the_registries():
         for e in builtins(kind):
             assert f"    {e.name:13} {e.doc}" in r.stdout, (kind, e.name)
     assert "sample_ratio=0.01" in r.stdout and "epsilon=0.7" in r.stdout and "options/" not in r.stdout
+
+
+USER_MISTAKES = [  # (overrides, environment, fragment of the one-line error): issue 21 case 8
+    (["train.batch_size=100000"], {}, "holds no full batch of 100000: lower train.batch_size"),
+    (["experiment.results_root=/dev/null"], {}, "cannot create results folder /dev/null/default: Not a directory"),
+    ([], {"GRAVAC_FAULT": "garbage"}, "GRAVAC_FAULT='garbage' must look like RANK:STEP"),
+    ([], {"GRAVAC_FAULT": "0:1:explode"}, "GRAVAC_FAULT='0:1:explode' must look like"),
+]
+TINY = ["train.steps=2", "logger.progress=false", "cluster.threads=1", "dataset.train_size=256",
+        "dataset.test_size=64", "model.width=4", "dataset.image_size=8"]
+
+
+@pytest.mark.parametrize("args,env,fragment", USER_MISTAKES)
+def test_user_mistakes_end_in_one_line(tmp_path, args, env, fragment):
+    root = [] if any(a.startswith("experiment.results_root=") for a in args) else [f"experiment.results_root={tmp_path}"]
+    r = run_cli([*TINY, *root, *args], env=env, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert fragment in r.stderr and "Traceback" not in r.stderr + r.stdout
+    assert len([line for line in r.stderr.splitlines() if line.strip()]) == 1, r.stderr
+
+
+def test_a_taken_run_id_is_refused_and_the_first_run_kept(tmp_path):
+    args = [*TINY, f"experiment.results_root={tmp_path}", "experiment.run_id=same"]
+    assert run_cli(args, timeout=120).returncode == 0
+    before = (tmp_path / "default" / "same" / "summary.json").read_text()
+    r = run_cli(args, timeout=120)
+    assert r.returncode == 2 and "run folder" in r.stderr and "exists already" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert (tmp_path / "default" / "same" / "summary.json").read_text() == before
+
+
+def test_a_sweep_with_a_bad_job_ends_with_the_failed_jobs_line(tmp_path):
+    r = run_cli(["-m", *TINY, f"experiment.results_root={tmp_path}", "train.batch_size=100000,8"], timeout=300)
+    assert r.returncode != 0
+    assert "1 job(s) of the sweep failed" in r.stderr and "Traceback" not in r.stderr + r.stdout

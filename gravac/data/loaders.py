@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
+from gravac.errors import UserError
+
 
 def _mix_seed(*parts: int) -> int:
     """A well-mixed 63-bit seed from integers (seed, rank, epoch, ...)."""
@@ -107,8 +109,8 @@ class ImageLoader(WorkerLoader):
         self.shard = perm[rank * per:(rank + 1) * per]
         self.steps_per_epoch = per // batch_size
         if self.steps_per_epoch == 0:
-            raise ValueError(f"{ds.name}: a shard of {per} samples ({ds.train_size} over {world} workers) "
-                             f"holds no full batch of {batch_size}")
+            raise UserError(f"{ds.name}: a shard of {per} samples ({ds.train_size} over {world} workers) "
+                            f"holds no full batch of {batch_size}: lower train.batch_size or cluster.workers")
         self._order_epoch, self._order = -1, None
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
