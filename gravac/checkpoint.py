@@ -7,21 +7,30 @@ a save leaves the previous checkpoint in force.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
 import signal
 
 import torch
 
+from gravac.errors import UserError
 from gravac.results import atomic_write
 
 
 class Checkpointer:
-    """Saves and loads this process's share of a run's state under `run_dir/checkpoint`."""
+    """Saves and loads this process's share of a run's state under `run_dir/checkpoint`.
+
+    Each rank file has a SHA-256 beside it and carries the run folder's name, so a truncated or
+    garbled file, a file copied from another run or a `latest` naming nothing is detected on
+    resume and stops the run in one line; it never silently restarts from step 0.
+    """
 
     def __init__(self, run_dir: str | None, group):
         self.group = group
         self.root = os.path.join(run_dir, "checkpoint") if run_dir else None
+        self.run = os.path.basename(os.path.normpath(run_dir)) if run_dir else ""
         self.rank = group.local_ranks[0]
 
     def _step_dir(self, step: int) -> str:
@@ -31,9 +40,11 @@ class Checkpointer:
         """Write this process's state for `step` (the next step to run), then publish it."""
         d = self._step_dir(step)
         os.makedirs(d, exist_ok=True)
+        final = os.path.join(d, f"rank-{self.rank}.pt")
         tmp = os.path.join(d, f".rank-{self.rank}.pt.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, os.path.join(d, f"rank-{self.rank}.pt"))
+        torch.save({"run": self.run, "step": step, "state": state}, tmp)
+        atomic_write(final + ".sha256", _sha256(tmp) + "\n")
+        os.replace(tmp, final)
         self.group.barrier()  # every process has written before `latest` moves
         if self.group.is_main:
             atomic_write(os.path.join(self.root, "latest"), os.path.basename(d) + "\n")
@@ -43,18 +54,58 @@ class Checkpointer:
         self.group.barrier()
 
     def latest_step(self) -> int | None:
-        """The step the newest complete checkpoint resumes at, or None."""
+        """The step the newest complete checkpoint resumes at; None when there is none; a
+        UserError when `latest` is damaged or names a missing folder."""
         if not self.root:
             return None
+        path = os.path.join(self.root, "latest")
         try:
-            with open(os.path.join(self.root, "latest")) as f:
-                return int(f.read().strip().split("-")[1])
-        except (OSError, ValueError, IndexError):
+            with open(path, errors="replace") as f:
+                text = f.read()
+        except FileNotFoundError:
             return None
+        m = re.fullmatch(r"step-(\d{8})", text.strip())
+        if not m:
+            raise UserError(f"checkpoint pointer {path} is damaged (holds {text[:40]!r}, not step-NNNNNNNN): "
+                            "the run cannot be resumed from it; start a new run")
+        step = int(m.group(1))
+        if not os.path.isdir(self._step_dir(step)):
+            raise UserError(f"{path} names {m.group(0)}, but {self._step_dir(step)} is missing: the run "
+                            "cannot be resumed; start a new run")
+        return step
 
     def load(self, step: int) -> dict:
+        """This rank's state at `step`, after checking its checksum and that it is this run's."""
         path = os.path.join(self._step_dir(step), f"rank-{self.rank}.pt")
-        return torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            with open(path + ".sha256") as f:
+                expected = f.read().strip()
+        except OSError:
+            expected = None
+        if not os.path.isfile(path):
+            raise UserError(f"checkpoint file {path} is missing: the run cannot be resumed; start a new run")
+        if expected is not None and _sha256(path) != expected:
+            raise UserError(f"checkpoint file {path} is damaged (its SHA-256 differs from the one saved with it): "
+                            "the run cannot be resumed; start a new run")
+        try:
+            box = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # truncated or not a checkpoint at all
+            raise UserError(f"checkpoint file {path} cannot be read ({type(e).__name__}): the run cannot be "
+                            "resumed; start a new run") from None
+        if not isinstance(box, dict) or "state" not in box or box.get("step") != step:
+            raise UserError(f"checkpoint file {path} is not a step-{step} checkpoint of this suite")
+        if box.get("run") != self.run:
+            raise UserError(f"checkpoint file {path} belongs to run {box.get('run')!r}, not {self.run!r}: "
+                            "copy the whole run folder, or start a new run")
+        return box["state"]
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 class StopFlag:

@@ -95,6 +95,8 @@ def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
 def start_step(cfg: RunConfig, parts: Parts, net, ckpt: Checkpointer | None, writer, say) -> int:
     """Resume from the latest checkpoint (dropping later records), or calibrate a fresh run."""
     start = ckpt.latest_step() if ckpt and cfg.experiment.resume else None
+    if cfg.experiment.resume and ckpt and start is None:   # never restart a run silently from step 0
+        raise UserError(f"cannot resume {cfg.experiment.resume}: it has no checkpoint")
     if start is not None:
         if start > parts.total:
             raise UserError(f"cannot resume {cfg.experiment.resume}: its checkpoint is at step {start}, beyond "

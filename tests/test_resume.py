@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -192,3 +194,56 @@ def test_extended_run_reports_its_new_total_and_a_shorter_resume_is_refused(tmp_
     assert longer.returncode == 0, longer.stderr[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["steps"], summary["total_steps"], summary["status"]) == (12, 12, "completed")
+
+
+def _damage(run: Path, other: Path, case: str) -> None:
+    ck = run / "checkpoint"
+    step = (ck / "latest").read_text().strip()
+    pt = ck / step / "rank-0.pt"
+    if case == "empty latest":
+        (ck / "latest").write_text("")
+    elif case == "garbled latest":
+        (ck / "latest").write_bytes(b"\x00\xffstep-x")
+    elif case == "latest names a missing step":
+        (ck / "latest").write_text("step-00000099\n")
+    elif case == "truncated file":
+        pt.write_bytes(pt.read_bytes()[:100])
+    elif case == "random bytes":
+        pt.write_bytes(os.urandom(4096))
+    elif case == "file of another run":   # with its own matching checksum
+        src = other / "checkpoint" / step
+        shutil.copy(src / "rank-0.pt", pt)
+        shutil.copy(src / "rank-0.pt.sha256", ck / step / "rank-0.pt.sha256")
+
+
+DAMAGE = {"empty latest": "is damaged (holds ''", "garbled latest": "is damaged",
+          "latest names a missing step": "names step-00000099, but",
+          "truncated file": "is damaged (its SHA-256 differs", "random bytes": "is damaged (its SHA-256 differs",
+          "file of another run": "belongs to run"}
+
+
+@pytest.fixture(scope="module")
+def two_checkpointed_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ck")
+    runs = []
+    for name in ("a", "b"):
+        r = run_cli([*ARGS, "train.steps=8", f"experiment.results_root={root / name}"])
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(_only_run(root / name))
+    return runs
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_a_damaged_checkpoint_stops_in_one_line_and_deletes_nothing(tmp_path, two_checkpointed_runs, case):
+    """Issue 21 case 2: never a silent restart from step 0, never a traceback, the folder kept."""
+    a, b = two_checkpointed_runs
+    run = tmp_path / a.name
+    shutil.copytree(a, run)
+    _damage(run, b, case)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    steps_before = (run / "steps.jsonl").read_text()
+    r = run_cli([*ARGS, "train.steps=12", f"experiment.results_root={tmp_path}", f"experiment.resume={run}"])
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert DAMAGE[case] in r.stderr and "Traceback" not in r.stderr
+    assert (run / "steps.jsonl").read_text() == steps_before
+    assert set(before) <= {p.relative_to(run) for p in run.rglob("*")}
