@@ -19,7 +19,7 @@ from gravac.comm import DistGroup, SimGroup
 from gravac.config import saved_config
 from gravac.errors import Interrupted, UserError, WorkerFailed
 from gravac.netmodel import NetworkModel
-from gravac.results import NullWriter, RunWriter, atomic_write, make_run_dir
+from gravac.results import NullWriter, RunLock, RunWriter, atomic_write, make_run_dir
 from gravac.schema import RunConfig
 from gravac.track import Tracker
 
@@ -135,7 +135,12 @@ def launch(cfg: RunConfig, overrides: list[str] | None = None) -> dict | None:
     net = NetworkModel.from_cfg(cfg.network)
     if cfg.cluster.backend == "sim":
         torch.set_num_threads(cfg.cluster.threads or os.cpu_count() or 1)
-        return _run(cfg, SimGroup(cfg.cluster.workers, net), _device(cfg, 0), _new_run_dir(cfg), command)
+        run_dir = _new_run_dir(cfg)
+        lock = RunLock(run_dir)
+        try:
+            return _run(cfg, SimGroup(cfg.cluster.workers, net), _device(cfg, 0), run_dir, command)
+        finally:
+            lock.release()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         return _torchrun_worker(cfg, command)
     return _spawn(cfg, command)
@@ -159,14 +164,25 @@ def _torchrun_worker(cfg: RunConfig, command: str) -> dict | None:
     world = dist.get_world_size()
     torch.set_num_threads(cfg.cluster.threads or max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, workers=world))
-    run_dir = None
+    run_dir, lock, problem = None, None, None
     if dist.get_rank() == 0:
-        run_dir = _new_run_dir(cfg)
-    box = [run_dir]
+        try:
+            run_dir = _new_run_dir(cfg)
+            lock = RunLock(run_dir)
+        except UserError as e:
+            problem = str(e)
+    box = [run_dir, problem]
     dist.broadcast_object_list(box, src=0)
+    if box[1]:       # every rank stops with rank 0's one line, none waits for a timeout
+        _shutdown(dist)
+        raise UserError(box[1])
     device = _device(cfg, int(os.environ.get("LOCAL_RANK", 0)))
     group = DistGroup(NetworkModel.from_cfg(cfg.network), device)
-    summary = _run(cfg, group, device, box[0], command)
+    try:
+        summary = _run(cfg, group, device, box[0], command)
+    finally:
+        if lock is not None:
+            lock.release()
     _shutdown(dist)
     return summary
 
@@ -211,8 +227,16 @@ def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, comma
 
 def _spawn(cfg: RunConfig, command: str) -> None:
     """Start `cluster.workers` processes rendezvousing through a file (no port to collide on)."""
-    import torch.multiprocessing as mp
     run_dir = _new_run_dir(cfg)
+    lock = RunLock(run_dir)
+    try:
+        _spawn_into(cfg, command, run_dir)
+    finally:
+        lock.release()
+
+
+def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
+    import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory(prefix="gravac-rdzv-") as tmp:
         init = f"file://{os.path.join(tmp, 'store')}"
         ctx = mp.start_processes(worker_main, args=(cfg, init, run_dir, command), nprocs=cfg.cluster.workers,

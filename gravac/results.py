@@ -64,6 +64,31 @@ def make_run_dir(root: str, experiment: str, run_id: str, tag: str) -> str:
     raise RuntimeError(f"could not create a unique run folder under {base}")
 
 
+class RunLock:
+    """An exclusive lock on a run folder for as long as one process runs it, so a second resume
+    of the same folder stops in one line instead of racing on its checkpoint (flock: released by
+    the OS when the holder dies, so a killed run never leaves a stale lock)."""
+
+    def __init__(self, run_dir: str):
+        import fcntl
+        self.path = os.path.join(run_dir, ".lock")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "another process"
+            os.close(self.fd)
+            raise UserError(f"run folder {run_dir} is in use by process {holder}: wait for it to finish or "
+                            "stop it, then resume") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)   # closing drops the lock
+            self.fd = None
+
+
 class RunWriter:
     """Writes one run's files; only the process hosting rank 0 has one."""
 

@@ -247,3 +247,19 @@ def test_a_damaged_checkpoint_stops_in_one_line_and_deletes_nothing(tmp_path, tw
     assert DAMAGE[case] in r.stderr and "Traceback" not in r.stderr
     assert (run / "steps.jsonl").read_text() == steps_before
     assert set(before) <= {p.relative_to(run) for p in run.rglob("*")}
+
+
+def test_a_second_process_on_a_running_folder_is_refused_with_the_holder(tmp_path):
+    """Issue 21 case 9: one run folder, one process; the other says who holds it."""
+    proc = _popen([*ARGS, "train.steps=400", "train.checkpoint_every=2", f"experiment.results_root={tmp_path}"])
+    run = _wait_for_steps(tmp_path, 4, proc)
+    try:
+        r = run_cli([*ARGS, "train.steps=400", "train.checkpoint_every=2", f"experiment.results_root={tmp_path}",
+                     f"experiment.resume={run}"], timeout=120)
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert f"is in use by process {proc.pid}" in r.stderr and "Traceback" not in r.stderr
+        assert proc.poll() is None                # the first run goes on untouched
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    assert proc.returncode == 130
