@@ -143,7 +143,21 @@ def launch(cfg: RunConfig, overrides: list[str] | None = None) -> dict | None:
             lock.release()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         return _torchrun_worker(cfg, command)
+    check_process_count(cfg.cluster.workers)
     return _spawn(cfg, command)
+
+
+PROCESS_GIB = 0.75   # measured: one cluster=ddp worker of mini_vgg on CIFAR-10 held 0.72 GiB resident
+
+
+def check_process_count(n: int) -> None:
+    """Refuse, before spawning, more worker processes than this machine's memory can hold."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    limit = max(1, int(0.8 * ram / PROCESS_GIB))
+    if n > limit:
+        raise UserError(f"cluster=ddp with {n} workers would start {n} processes here, about {n * PROCESS_GIB:.0f} "
+                        f"GiB at {PROCESS_GIB} GiB each; this machine holds at most {limit} (80% of {ram:.0f} GiB "
+                        "RAM): use fewer workers, cluster=sim, or torchrun across machines")
 
 
 def _init_dist(cfg: RunConfig, init_method: str | None, rank: int | None, world: int | None) -> None:

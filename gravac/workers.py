@@ -45,6 +45,12 @@ class Workers:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.sizes = [p.numel() for p in self.params]
         self.numel = sum(self.sizes)
+        self._check_bytes(len(group.local_ranks), 0)   # a lower bound first: before building N shards
+        per = dataset.train_size // group.world
+        if per < train.batch_size:   # cheap necessary condition; the loaders check the exact one
+            raise UserError(f"{dataset.name}: a shard of {per} samples ({dataset.train_size} over {group.world} "
+                            f"workers) holds no full batch of {train.batch_size}: lower train.batch_size or "
+                            "cluster.workers")
         self.loaders = [dataset.train_loader(r, group.world, train.batch_size, train.seed)
                         for r in group.local_ranks]
         self.steps_per_epoch = self.loaders[0].steps_per_epoch
@@ -54,7 +60,11 @@ class Workers:
     # --- memory ------------------------------------------------------------------------------
     def check_memory(self, method_bytes_per_worker: int) -> None:
         """Refuse a simulated cluster whose per-worker state would not fit, before allocating it."""
-        n_local = len(self.loaders)
+        self._check_bytes(len(self.loaders), method_bytes_per_worker)
+        self.buffers = [torch.zeros(self.numel, device=self.device) for _ in self.loaders]
+        self._stamp_hooks()
+
+    def _check_bytes(self, n_local: int, method_bytes_per_worker: int) -> None:
         need = n_local * (4 * self.numel + method_bytes_per_worker) + 4 * 4 * self.numel
         limit = self.cluster.max_memory_gb * 2**30 or 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         if need > limit:
@@ -62,8 +72,6 @@ class Workers:
                 f"the {n_local}-worker cluster needs about {need / 2**30:.1f} GiB for gradients and per-worker "
                 f"state of {self.numel:,} parameters, over the {limit / 2**30:.1f} GiB limit; use fewer workers "
                 "(cluster.workers=), a mini model (model=resnet_mini), or cluster=ddp")
-        self.buffers = [torch.zeros(self.numel, device=self.device) for _ in self.loaders]
-        self._stamp_hooks()
 
     # --- gradients ---------------------------------------------------------------------------
     def _point_grads(self, flat: torch.Tensor) -> None:

@@ -172,6 +172,10 @@ USER_MISTAKES = [  # (overrides, environment, fragment of the one-line error): i
     (["experiment.results_root=/dev/null"], {}, "cannot create results folder /dev/null/default: Not a directory"),
     ([], {"GRAVAC_FAULT": "garbage"}, "GRAVAC_FAULT='garbage' must look like RANK:STEP"),
     ([], {"GRAVAC_FAULT": "0:1:explode"}, "GRAVAC_FAULT='0:1:explode' must look like"),
+    # issue 21 case 7: refused before spawning processes or building shards
+    (["cluster=ddp", "cluster.workers=100000"], {}, "would start 100000 processes here"),
+    (["cluster.workers=100000"], {}, "a shard of 0 samples (256 over 100000 workers)"),
+    (["cluster.workers=100000", "model.width=16"], {}, "the 100000-worker cluster needs about"),
 ]
 TINY = ["train.steps=2", "logger.progress=false", "cluster.threads=1", "dataset.train_size=256",
         "dataset.test_size=64", "model.width=4", "dataset.image_size=8"]
@@ -180,7 +184,8 @@ TINY = ["train.steps=2", "logger.progress=false", "cluster.threads=1", "dataset.
 @pytest.mark.parametrize("args,env,fragment", USER_MISTAKES)
 def test_user_mistakes_end_in_one_line(tmp_path, args, env, fragment):
     root = [] if any(a.startswith("experiment.results_root=") for a in args) else [f"experiment.results_root={tmp_path}"]
-    r = run_cli([*TINY, *root, *args], env=env, timeout=120)
+    tiny = [t for t in TINY if not any(a.split("=")[0] == t.split("=")[0] for a in args)]
+    r = run_cli([*tiny, *root, *args], env=env, timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
     assert fragment in r.stderr and "Traceback" not in r.stderr + r.stdout
     assert len([line for line in r.stderr.splitlines() if line.strip()]) == 1, r.stderr
