@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import traceback
@@ -255,6 +256,12 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
         init = f"file://{os.path.join(tmp, 'store')}"
         ctx = mp.start_processes(worker_main, args=(cfg, init, run_dir, command), nprocs=cfg.cluster.workers,
                                  join=False, start_method="spawn")
+
+        def forward(signum, frame):   # a SIGTERM to the launcher stops the workers at a step boundary
+            for p in ctx.processes:
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGTERM)
+        old = signal.signal(signal.SIGTERM, forward)
         try:
             _join(ctx)
         except mp.ProcessExitedException as e:
@@ -266,6 +273,8 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
         except mp.ProcessRaisedException as e:  # pragma: no cover - workers catch their exceptions
             _mark_failed(run_dir, f"worker rank {e.error_index} raised")
             raise WorkerFailed(f"worker rank {e.error_index} raised: {str(e).strip().splitlines()[-1]}") from None
+        finally:
+            signal.signal(signal.SIGTERM, old)
 
 
 def _join(ctx) -> None:

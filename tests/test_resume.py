@@ -263,3 +263,32 @@ def test_a_second_process_on_a_running_folder_is_refused_with_the_holder(tmp_pat
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=120)
     assert proc.returncode == 130
+
+
+def _rdzv_folders() -> set[str]:
+    import tempfile
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("gravac-rdzv-")}
+
+
+def test_sigterm_to_the_ddp_launcher_stops_workers_and_resumes_exactly(tmp_path):
+    """Issue 21 cases 1 and 5 on ddp: the launcher forwards SIGTERM, waits for the workers'
+    checkpoint, exits 130, removes its rendezvous folder; the resumed run equals an uninterrupted one."""
+    args = [*ARGS, *GRAVAC, "cluster=ddp", "train.checkpoint_every=0", "train.steps=16"]
+    ref = run_cli([*args, f"experiment.results_root={tmp_path / 'ref'}"])
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    before = _rdzv_folders()
+    root = tmp_path / "stopped"
+    proc = _popen([*args, f"experiment.results_root={root}"])
+    run = _wait_for_steps(root, 6, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "experiment.resume=" in err and "Traceback" not in err
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+    assert not (_rdzv_folders() - before)
+    res = run_cli([*args, f"experiment.results_root={root}", f"experiment.resume={run}"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    a, b = _records(_only_run(tmp_path / "ref"), "steps.jsonl"), _records(run, "steps.jsonl")
+    assert [r["step"] for r in b] == list(range(16))
+    keys = ("loss", "cf", "floats_sent", "wire_bytes", "level")
+    assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
