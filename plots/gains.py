@@ -1,7 +1,8 @@
 """The gain probe's figure and table (issue 18): compression gain over iterations per CF, under the
 paper's definition and the authors' code's, for the paper's models and the minis side by side.
 
-    python plots/gains.py results/reference/gain_probe        # gains.png + gains.md beside the runs
+    python plots/gains.py results/runs/gain_probe --curate results/reference/gain_probe
+    python plots/gains.py results/reference/gain_probe/runs     # redraw from the committed copies
 
 Reads static runs that recorded gains (`gain`, `gain_code_raw`, and with `method.probe_cfs` the
 multi-level `probe_gain*` at larger CFs): one column per run (model x compressor), rows = paper
@@ -107,14 +108,39 @@ def table(runs: list) -> str:
     return "\n".join(lines) + "\n"
 
 
+def curate(runs: list, out: Path) -> list:
+    """Copy the runs (small files + gzipped steps, as bench/reference.py does) to OUT/runs/, swapped
+    in one rename, and return them loaded from the copies."""
+    import shutil
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from reference import copy_run
+    tmp = out.with_name(out.name + ".new")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for r in runs:
+        copy_run(r, str(tmp / "runs" / f"{r.summary['model']}-{r.summary['compressor']}{r.summary['cf']:g}"
+                                          f"-n{r.summary['workers']}-{len(r.steps)}steps"))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return load(str(out / "runs"))
+
+
 def main(argv: list[str]) -> int:
-    root = argv[0] if argv else "results/reference/gain_probe"
+    import argparse
+    p = argparse.ArgumentParser(description="Draw the gain probe's figure and table.")
+    p.add_argument("root", nargs="?", default="results/reference/gain_probe/runs", help="folder of runs")
+    p.add_argument("--curate", default=None, help="first copy the runs here (e.g. results/reference/gain_probe)")
+    a = p.parse_args(argv)
+    root = a.root
     runs = load(root)
     if not runs:
         print(f"error: no static runs with gain records under {root}: run them with method=static "
               "method.probe_cfs=[20,40,160,1000] (REPRODUCING.md, gain probe)", file=sys.stderr)
         return 2
-    out = Path(root)
+    out = Path(root).parent if Path(root).name == "runs" else Path(root)   # beside a curated runs/ folder
+    if a.curate:
+        out = Path(a.curate)
+        runs = curate(runs, out)
     figure(runs, out / "gains.png")
     atomic_write(out / "gains.md", "# Gain probe\n\n" + table(runs))
     print(f"wrote {out / 'gains.png'} and {out / 'gains.md'} ({len(runs)} runs)")

@@ -112,6 +112,10 @@ def test_gain_probe_figure_and_table_from_a_static_run(tmp_path):
         assert all(0.0 <= v <= 1.0 + 1e-9 for v in data[cf]["gain"])     # the paper's gain is an energy share
     # more compression keeps less energy, step by step
     assert all(a >= b for a, b in zip(data[10.0]["gain"], data[1000.0]["gain"]))
-    assert gains_plot.main([str(tmp_path / "runs")]) == 0
-    assert (tmp_path / "runs" / "gains.png").stat().st_size > 0
-    assert "| 1000x |" in (tmp_path / "runs" / "gains.md").read_text()
+    out = tmp_path / "curated"
+    assert gains_plot.main([str(tmp_path / "runs"), "--curate", str(out)]) == 0
+    assert (out / "gains.png").stat().st_size > 0 and len(list((out / "runs").iterdir())) == 1
+    assert "| 1000x |" in (out / "gains.md").read_text()
+    (out / "gains.md").unlink()
+    assert gains_plot.main([str(out / "runs")]) == 0       # redraws from the committed copies
+    assert "| 1000x |" in (out / "gains.md").read_text()
