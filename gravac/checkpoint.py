@@ -7,6 +7,8 @@ a save leaves the previous checkpoint in force.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -42,9 +44,21 @@ class Checkpointer:
         os.makedirs(d, exist_ok=True)
         final = os.path.join(d, f"rank-{self.rank}.pt")
         tmp = os.path.join(d, f".rank-{self.rank}.pt.tmp")
-        torch.save({"run": self.run, "step": step, "state": state}, tmp)
-        atomic_write(final + ".sha256", _sha256(tmp) + "\n")
-        os.replace(tmp, final)
+        try:
+            with open(tmp, "wb") as f:   # closed even when the write fails, so removing it frees the space
+                torch.save({"run": self.run, "step": step, "state": state}, f)
+            atomic_write(final + ".sha256", _sha256(tmp) + "\n")
+            os.replace(tmp, final)
+        except BaseException as e:   # e.g. a full disk: the previous checkpoint stays in force
+            for junk in (tmp, final + ".sha256"):
+                with contextlib.suppress(OSError):
+                    os.remove(junk)
+            if isinstance(e, RuntimeError):   # torch.save reports a short write as a RuntimeError
+                st = os.statvfs(d)
+                full = st.f_bavail * st.f_frsize < 1 << 20
+                raise OSError(errno.ENOSPC if full else errno.EIO,
+                              os.strerror(errno.ENOSPC) if full else str(e).splitlines()[0], final) from None
+            raise
         self.group.barrier()  # every process has written before `latest` moves
         if self.group.is_main:
             atomic_write(os.path.join(self.root, "latest"), os.path.basename(d) + "\n")

@@ -299,4 +299,7 @@ def _mark_failed(run_dir: str, reason: str) -> None:
         return
     if summary.get("status") in (None, "running"):
         summary.update(status="failed", error=reason)
-        atomic_write(path, json.dumps(summary, indent=2) + "\n")
+        try:
+            atomic_write(path, json.dumps(summary, indent=2) + "\n")
+        except OSError:   # the disk is full or the folder unwritable: the printed error says so
+            pass

@@ -6,6 +6,7 @@ possibly a torn last one (readers skip it); the config and summary are replaced 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,11 +24,16 @@ def atomic_write(path: str, data: str | bytes) -> None:
     after a crash: a synced temporary file in the same folder, renamed into place. Every result
     file (runs, plots, benchmark CSVs) is written through here."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:   # a full disk or a kill: leave no half-written temporary behind
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def _clean(obj: Any) -> Any:

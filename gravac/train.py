@@ -196,7 +196,15 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
     except KeyboardInterrupt:
         status = "interrupted"
         raise
+    except OSError as e:   # results cannot be written (full disk, folder made read-only, ...)
+        where = e.filename or writer.dir
+        summary.error = f"cannot write {where}: {e.strerror or e}"
+        raise UserError(f"{summary.error}; free space or fix permissions, then resume from the last "
+                        f"checkpoint: {resume_cmd}") from None
     finally:
         tracker.close()
-        writer.summary(summary.as_dict(status))
+        try:
+            writer.summary(summary.as_dict(status))
+        except OSError:   # still cannot write: the error above says why
+            pass
     return summary.as_dict(status)

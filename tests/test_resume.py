@@ -292,3 +292,25 @@ def test_sigterm_to_the_ddp_launcher_stops_workers_and_resumes_exactly(tmp_path)
     assert [r["step"] for r in b] == list(range(16))
     keys = ("loss", "cf", "floats_sent", "wire_bytes", "level")
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
+
+
+@pytest.mark.parametrize("size", ["120k", "300k"])
+def test_a_full_disk_mid_run_ends_in_one_line_with_status_failed_and_no_temporaries(tmp_path, size):
+    """Issue 21 case 6: a results root on a tiny tmpfs fills up mid-run (records or checkpoint)."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        r = run_cli([*ARGS, "train.steps=400", "train.eval_every=1000", "train.checkpoint_every=5",
+                     f"experiment.results_root={mnt}"], timeout=300)
+        assert r.returncode == 2, r.stderr[-2000:]
+        err = [line for line in r.stderr.splitlines() if line.strip()]
+        assert len(err) == 1 and "No space left on device" in err[0] and "Traceback" not in r.stderr
+        run = _only_run(mnt)
+        assert not [p for p in run.rglob("*") if "tmp" in p.name]
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "failed" and "No space left on device" in summary["error"]
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
