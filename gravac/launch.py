@@ -10,6 +10,7 @@ import shlex
 import signal
 import sys
 import tempfile
+import time
 import traceback
 from datetime import timedelta
 
@@ -20,6 +21,7 @@ from gravac.comm import DistGroup, SimGroup
 from gravac.config import saved_config
 from gravac.errors import Interrupted, UserError, WorkerFailed
 from gravac.netmodel import NetworkModel
+from gravac.heartbeat import silent_rank
 from gravac.results import NullWriter, RunLock, RunWriter, atomic_write, make_run_dir
 from gravac.schema import RunConfig
 from gravac.track import Tracker
@@ -254,8 +256,12 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory(prefix="gravac-rdzv-") as tmp:
         init = f"file://{os.path.join(tmp, 'store')}"
-        ctx = mp.start_processes(worker_main, args=(cfg, init, run_dir, command), nprocs=cfg.cluster.workers,
-                                 join=False, start_method="spawn")
+        os.environ["GRAVAC_HEARTBEAT_DIR"] = tmp      # inherited by the workers (gravac/heartbeat.py)
+        try:
+            ctx = mp.start_processes(worker_main, args=(cfg, init, run_dir, command), nprocs=cfg.cluster.workers,
+                                     join=False, start_method="spawn")
+        finally:
+            os.environ.pop("GRAVAC_HEARTBEAT_DIR", None)
 
         def forward(signum, frame):   # a SIGTERM to the launcher stops the workers at a step boundary
             for p in ctx.processes:
@@ -263,31 +269,49 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
                     os.kill(p.pid, signal.SIGTERM)
         old = signal.signal(signal.SIGTERM, forward)
         try:
-            _join(ctx)
-        except mp.ProcessExitedException as e:
-            if e.exit_code == 130:
-                raise Interrupted(f"interrupted; resume with: {command} {shlex.quote('experiment.resume=' + run_dir)}") from None
-            _mark_failed(run_dir, f"worker rank {e.error_index} exited with code {e.exit_code}")
-            raise WorkerFailed(f"worker rank {e.error_index} failed (exit code {e.exit_code}); "
-                               f"its message is above; results so far are in {run_dir}") from None
-        except mp.ProcessRaisedException as e:  # pragma: no cover - workers catch their exceptions
-            _mark_failed(run_dir, f"worker rank {e.error_index} raised")
-            raise WorkerFailed(f"worker rank {e.error_index} raised: {str(e).strip().splitlines()[-1]}") from None
+            failed = _join(ctx)
         finally:
             signal.signal(signal.SIGTERM, old)
+        if failed is None:
+            return
+        rank, code = failed
+        if code == 130:
+            raise Interrupted(f"interrupted; resume with: {command} {shlex.quote('experiment.resume=' + run_dir)}")
+        silent = silent_rank(tmp, cfg.cluster.workers, rank)
+        if silent is not None:
+            why = (f"worker rank {silent[0]} stopped answering at step {max(0, silent[1]) // 2} (rank {rank} gave up "
+                   f"waiting for it after cluster.timeout_s={cfg.cluster.timeout_s:g} s)")
+        else:
+            why = f"worker rank {rank} failed (exit code {code}); its message is above"
+        _mark_failed(run_dir, why, diagnosis=silent is not None)
+        raise WorkerFailed(f"{why}; results so far are in {run_dir}")
 
 
-def _join(ctx) -> None:
-    """Wait for the workers; on Ctrl-C keep waiting while they checkpoint at the step boundary."""
+def _join(ctx) -> tuple[int, int] | None:
+    """Wait for the workers: None when all succeeded, else (rank, exit code) of the first to fail,
+    after killing the others at once (torch's join would give a hung worker 30 s). Workers that
+    stop with 130 (interrupted) are waited for: the others are checkpointing at the boundary."""
+    procs = ctx.processes
     while True:
         try:
-            if ctx.join():
-                return
+            codes = [p.exitcode for p in procs]
+            if all(c == 0 for c in codes):
+                return None
+            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad and (any(c != 130 for _, c in bad) or all(c is not None for c in codes)):
+                first = next(((i, c) for i, c in bad if c != 130), bad[0])
+                for p in procs:
+                    if p.is_alive():
+                        p.kill()
+                for p in procs:
+                    p.join(5)
+                return first
+            procs[0].join(0.1) if codes[0] is None else time.sleep(0.1)
         except KeyboardInterrupt:
             continue  # the workers got the signal too and stop together; their exit code tells
 
 
-def _mark_failed(run_dir: str, reason: str) -> None:
+def _mark_failed(run_dir: str, reason: str, diagnosis: bool = False) -> None:
     """Record in summary.json that a peer failed (rank 0 may have been killed mid-write)."""
     path = os.path.join(run_dir, "summary.json")
     try:
@@ -297,8 +321,11 @@ def _mark_failed(run_dir: str, reason: str) -> None:
         summary = {}
     if not os.path.isdir(run_dir):
         return
-    if summary.get("status") in (None, "running"):
-        summary.update(status="failed", error=reason)
+    if summary.get("status") in (None, "running") or (summary.get("status") == "failed"
+                                                       and (diagnosis or not summary.get("error"))):
+        # a diagnosis (which rank fell silent) goes first; what rank 0 saw stays beside it
+        seen = summary.get("error") if diagnosis and summary.get("error") else None
+        summary.update(status="failed", error=reason + (f" [rank 0: {seen}]" if seen else ""))
         try:
             atomic_write(path, json.dumps(summary, indent=2) + "\n")
         except OSError:   # the disk is full or the folder unwritable: the printed error says so

@@ -19,6 +19,7 @@ from gravac.comm import Group
 from gravac.data import load_dataset
 from gravac.errors import DivergedError, Interrupted, UserError
 from gravac.evaluate import Evaluator
+from gravac.heartbeat import beat
 from gravac.methods import StepContext, build_method
 from gravac.models import build_model, count_parameters
 from gravac.schema import RunConfig, TrainCfg
@@ -152,6 +153,7 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
     try:
         with StopFlag() as stop:
             for step in range(start, parts.total):
+                beat(group.local_ranks[0], 2 * step)      # step started
                 lr = lr_at(cfg.train, step)
                 for g in opt.param_groups:
                     g["lr"] = lr

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from gravac.comm import Group
 from gravac.errors import DivergedError, UserError
 from gravac.faults import maybe_fail
+from gravac.heartbeat import beat
 from gravac.profile import measure_profile
 from gravac.schema import ClusterCfg, TrainCfg
 
@@ -133,6 +134,7 @@ class Workers:
         if saved is not None:  # BatchNorm statistics follow worker 0, as DDP's broadcast_buffers
             for b, s in zip(self.model.buffers(), saved):
                 b.copy_(s)
+        beat(self.group.local_ranks[0], 2 * step + 1)   # local work done: now waiting for the peers
         rows = self.group.bookkeeping(rows)
         return Computed(self.buffers, max(r[0] for r in rows), sum(r[1] for r in rows) / len(rows),
                         any(r[2] for r in rows), [r[3] for r in rows], [r[4] for r in rows],

@@ -314,3 +314,17 @@ def test_a_full_disk_mid_run_ends_in_one_line_with_status_failed_and_no_temporar
         assert summary["status"] == "failed" and "No space left on device" in summary["error"]
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_a_hung_ddp_worker_is_named_and_the_run_ends_soon_after_the_timeout(tmp_path):
+    """Issue 21 case 4: rank 1 hangs at step 6; rank 0 times out. The error names rank 1 (it was
+    rank 0 before) and the launcher kills the hung worker at once instead of waiting 30 s."""
+    t0 = time.monotonic()
+    r = run_cli([*ARGS, "cluster=ddp", "cluster.timeout_s=5", "train.steps=20", f"experiment.results_root={tmp_path}"],
+                env={"GRAVAC_FAULT": "1:6:hang"}, timeout=300)
+    took = time.monotonic() - t0
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "error: worker rank 1 stopped answering at step 6" in r.stderr
+    summary = json.loads((_only_run(tmp_path) / "summary.json").read_text())
+    assert summary["status"] == "failed" and "rank 1 stopped answering" in summary["error"]
+    print(f"hung worker: run ended after {took:.0f} s (timeout 5 s + start-up)")
