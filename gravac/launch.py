@@ -22,7 +22,7 @@ from gravac.config import saved_config
 from gravac.errors import Interrupted, UserError, WorkerFailed
 from gravac.netmodel import NetworkModel
 from gravac.heartbeat import silent_rank
-from gravac.results import NullWriter, RunLock, RunWriter, atomic_write, make_run_dir
+from gravac.results import NullWriter, RunLock, RunWriter, atomic_write, make_run_dir, read_jsonl
 from gravac.schema import RunConfig
 from gravac.track import Tracker
 
@@ -326,6 +326,9 @@ def _mark_failed(run_dir: str, reason: str, diagnosis: bool = False) -> None:
         # a diagnosis (which rank fell silent) goes first; what rank 0 saw stays beside it
         seen = summary.get("error") if diagnosis and summary.get("error") else None
         summary.update(status="failed", error=reason + (f" [rank 0: {seen}]" if seen else ""))
+        steps_path = os.path.join(run_dir, "steps.jsonl")
+        if os.path.exists(steps_path):   # rank 0 may have died long after its last summary write
+            summary["steps"] = max(summary.get("steps") or 0, len(read_jsonl(steps_path)))
         try:
             atomic_write(path, json.dumps(summary, indent=2) + "\n")
         except OSError:   # the disk is full or the folder unwritable: the printed error says so

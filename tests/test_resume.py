@@ -328,3 +328,14 @@ def test_a_hung_ddp_worker_is_named_and_the_run_ends_soon_after_the_timeout(tmp_
     summary = json.loads((_only_run(tmp_path) / "summary.json").read_text())
     assert summary["status"] == "failed" and "rank 1 stopped answering" in summary["error"]
     print(f"hung worker: run ended after {took:.0f} s (timeout 5 s + start-up)")
+
+
+def test_when_rank_0_dies_the_summary_counts_the_steps_it_recorded_and_says_why(tmp_path):
+    """Issue 21 case 10: the summary said steps 0 and error null while steps.jsonl held the steps."""
+    r = run_cli([*ARGS, "cluster=ddp", "train.steps=20", "train.eval_every=100", f"experiment.results_root={tmp_path}"],
+                env={"GRAVAC_FAULT": "0:9:exit"}, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    run = _only_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"]
+    assert summary["steps"] == len(_records(run, "steps.jsonl")) == 9
