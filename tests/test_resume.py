@@ -35,9 +35,10 @@ def _only_run(root: Path) -> Path:
     return run
 
 
-def _popen(args: list[str]) -> subprocess.Popen:
+def _popen(args: list[str], session: bool = False) -> subprocess.Popen:
+    """`session`: its own process group, so os.killpg can send what a terminal's Ctrl-C sends."""
     return subprocess.Popen([sys.executable, str(ROOT / "bench" / "run.py"), *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=session)
 
 
 def _wait_for_steps(root: Path, n: int, proc: subprocess.Popen, timeout: float = 240) -> Path:
@@ -270,17 +271,22 @@ def _rdzv_folders() -> set[str]:
     return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("gravac-rdzv-")}
 
 
-def test_sigterm_to_the_ddp_launcher_stops_workers_and_resumes_exactly(tmp_path):
-    """Issue 21 cases 1 and 5 on ddp: the launcher forwards SIGTERM, waits for the workers'
-    checkpoint, exits 130, removes its rendezvous folder; the resumed run equals an uninterrupted one."""
+@pytest.mark.parametrize("how", ["SIGTERM to the launcher", "Ctrl-C to the process group"])
+def test_ddp_stop_then_resume_equals_uninterrupted(tmp_path, how):
+    """Issue 21 cases 1 and 5 on ddp: the launcher forwards SIGTERM (a terminal's Ctrl-C reaches
+    every worker itself), waits for the workers' checkpoint, exits 130, removes its rendezvous
+    folder; the resumed run equals an uninterrupted one."""
     args = [*ARGS, *GRAVAC, "cluster=ddp", "train.checkpoint_every=0", "train.steps=16"]
     ref = run_cli([*args, f"experiment.results_root={tmp_path / 'ref'}"])
     assert ref.returncode == 0, ref.stderr[-2000:]
     before = _rdzv_folders()
     root = tmp_path / "stopped"
-    proc = _popen([*args, f"experiment.results_root={root}"])
+    proc = _popen([*args, f"experiment.results_root={root}"], session=True)
     run = _wait_for_steps(root, 6, proc)
-    proc.send_signal(signal.SIGTERM)
+    if how.startswith("SIGTERM"):
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert "experiment.resume=" in err and "Traceback" not in err
