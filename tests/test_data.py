@@ -282,6 +282,23 @@ def test_missing_ptb_is_a_clear_error(tmp_path, monkeypatch):
         load_dataset(dataset_cfg(name="ptb", root=str(tmp_path), download=True))
 
 
+@pytest.mark.parametrize("train,fragment", [
+    (b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary", r"ptb\.train\.txt is not a text file \(byte \d+ is not UTF-8\)"),
+    (b"the cat sat\n", r"ptb\.train\.txt holds no <unk> token \(4 words\): it is truncated"),
+])
+def test_a_bad_ptb_training_file_is_named_in_one_line(tmp_path, train, fragment):
+    """Issue 21 case 8: a binary train file was a UnicodeDecodeError, a truncated one was blamed on
+    ptb.valid.txt."""
+    d = tmp_path / "ptb"
+    d.mkdir()
+    (d / "ptb.train.txt").write_bytes(train)
+    for split in ("valid", "test"):
+        (d / f"ptb.{split}.txt").write_text("the dog ran <unk>\n")
+    with pytest.raises(DataError, match=fragment) as e:
+        load_dataset(dataset_cfg(name="ptb", root=str(tmp_path), cache_dir=str(tmp_path / "cache")))
+    assert "\n" not in str(e.value)
+
+
 # ---------------------------------------------------------------------------------------------- ImageFolder + cache
 
 

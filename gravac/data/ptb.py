@@ -66,10 +66,14 @@ def _download(dest: Path) -> None:
 
 def _words(path: Path) -> list[str]:
     out: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            out += line.split()
-            out.append(EOS)
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                out += line.split()
+                out.append(EOS)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not a text file (byte {e.start} is not UTF-8): put Penn Treebank's "
+                        "ptb.train/valid/test.txt there") from None
     return out
 
 
@@ -77,6 +81,9 @@ def _tokenise(src: Path) -> dict[str, np.ndarray]:
     train = _words(src / "ptb.train.txt")
     index = {w: i for i, w in enumerate(dict.fromkeys(train))}
     unk = index.get(UNK, -1)
+    if unk < 0:   # Penn Treebank's training text maps rare words to <unk>; without it, blame this file
+        raise DataError(f"{src / 'ptb.train.txt'} holds no {UNK} token ({len(train):,} words): it is truncated "
+                        "or not Penn Treebank's training file")
     out = {"vocab": np.array(list(index), dtype=object).astype(str)}
     for s in SPLITS:
         words = train if s == "train" else _words(src / f"ptb.{s}.txt")
