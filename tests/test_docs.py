@@ -1,15 +1,20 @@
 """The docs stand on their own and say what runs write.
 
 A clone holds nothing outside its root, so no tracked Markdown file, script docstring or config
-comment may point there, and every relative link must resolve (file and section).
+comment may point there, and every relative link must resolve (file and section). docs/RUN_FILES.md
+must list every file, step field and summary field that real tiny runs of every registered method
+write, and no step field that none of them writes.
 """
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
 
-from conftest import ROOT
+import pytest
+
+from conftest import ROOT, run_cli
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 UP = re.compile(r"(?:\.\./)+[\w.\-/]*")
@@ -97,3 +102,64 @@ def test_checks_catch_what_they_are_for(tmp_path):
     assert slug("Why GraVAC stays dense on CNNs: the gain definition and the scale") == \
         "why-gravac-stays-dense-on-cnns-the-gain-definition-and-the-scale"
     assert slug("`method=static`") == "methodstatic"
+
+
+# --- docs/RUN_FILES.md against real runs ------------------------------------------------------------
+DOC = ROOT / "docs" / "RUN_FILES.md"
+SMALL = ["dataset.image_size=8", "dataset.train_size=64", "dataset.test_size=32", "model.width=4",
+         "train.batch_size=8", "train.eval_every=5", "logger.progress=false", "cluster.workers=2",
+         "cluster.threads=1"]
+# what a method needs to write all its fields within 5 steps; every registered method is run
+SETTINGS = {
+    "gravac": ["method.window=2"],                                   # window ends: cf_min, cs move
+    "static": ["compressor.cf=10", "method.probe_cfs=[100]"],        # probe fields
+    "accordion": ["method.switch_freq=1"],                          # a regime check at step 4 (4 steps an epoch)
+}
+
+
+def documented(section: str) -> set[str]:
+    """Backticked names in the first column of the tables under the `## ...` heading `section`."""
+    text = DOC.read_text()
+    start = text.index(f"\n## {section}\n")
+    end = text.find("\n## ", start + 1)
+    rows = [line.split("|")[1] for line in text[start:end if end > 0 else None].splitlines()
+            if line.startswith("| `")]
+    return {n for cell in rows for n in re.findall(r"`([^`]+)`", cell)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One tiny checkpointed run of every registered method, {method: run folder}."""
+    from gravac.registry import registries
+    out = {}
+    for name in registries()["method"]:
+        root = tmp_path_factory.mktemp(name)
+        args = [f"method={name}", "train.steps=5", "train.checkpoint_every=2", *SETTINGS.get(name, [])]
+        r = run_cli([*SMALL, f"experiment.results_root={root}", *args], timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        (out[name],) = [p for p in root.glob("*/*") if p.is_dir()]
+    return out
+
+
+def test_documented_step_fields_are_the_ones_runs_write(runs):
+    written = {k for run in runs.values() for line in (run / "steps.jsonl").read_text().splitlines()
+               for k in json.loads(line)}
+    doc = documented("`steps.jsonl`")
+    assert not written - doc, f"step fields missing from {DOC.name}: {sorted(written - doc)}"
+    assert not doc - written, f"{DOC.name} lists step fields no run wrote: {sorted(doc - written)}"
+
+
+def test_documented_summary_and_eval_fields_cover_what_runs_write(runs):
+    for run in runs.values():
+        summary = json.loads((run / "summary.json").read_text())
+        assert set(summary) <= documented("`summary.json`"), sorted(set(summary) - documented("`summary.json`"))
+        evals = {k for line in (run / "evals.jsonl").read_text().splitlines() for k in json.loads(line)}
+        assert evals <= documented("`evals.jsonl`"), sorted(evals - documented("`evals.jsonl`"))
+
+
+def test_documented_files_cover_the_run_folder(runs):
+    names = documented("The run folder")
+    files = {p.relative_to(run).parts[0] for run in runs.values() for p in run.rglob("*")}
+    assert {"checkpoint", "ready.jsonl", "model.pt", ".lock"} <= files
+    missing = {f for f in files if f not in names and f + "/" not in names}
+    assert not missing, f"files a run writes missing from {DOC.name}: {sorted(missing)}"
