@@ -1,0 +1,165 @@
+"""The docs stand on their own and say what runs write.
+
+A clone holds nothing outside its root, so no tracked Markdown file, script docstring or config
+comment may point there, and every relative link must resolve (file and section). docs/RUN_FILES.md
+must list every file, step field and summary field that real tiny runs of every registered method
+write, and no step field that none of them writes.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+UP = re.compile(r"(?:\.\./)+[\w.\-/]*")
+SOURCES = ("bench", "plots", "gravac", "compressors", "conf")   # user-facing docstrings and comments
+
+
+def tracked(*patterns: str) -> list[Path]:
+    out = subprocess.run(["git", "ls-files", *patterns], cwd=ROOT, capture_output=True, text=True, check=True)
+    return [ROOT / p for p in out.stdout.split()]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(md: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for line in md.read_text().splitlines():
+        m = re.match(r"#{1,6}\s+(.*)", line)
+        if m:
+            s = slug(m.group(1))
+            out.add(s if s not in seen else f"{s}-{seen[s]}")
+            seen[s] = seen.get(s, 0) + 1
+    return out
+
+
+def outside(path: str, base: Path, root: Path = ROOT) -> bool:
+    """True when `path` (relative to `base`) leaves `root` and is not a repository path reached
+    from a subfolder (e.g. `../../plots/paper.py` run from results/reference)."""
+    tail = re.sub(r"^(?:\.\./)+", "", path).rstrip("/.")
+    if not tail or (base / path).resolve().is_relative_to(root):
+        return False
+    return not (root / tail).exists()
+
+
+def broken_links(md: Path, root: Path = ROOT) -> list[str]:
+    """Relative links of `md` to a file outside `root`, a missing file, or a missing section."""
+    bad = []
+    for target in LINK.findall(md.read_text()):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):          # https:, mailto: ...
+            continue
+        path, _, frag = target.partition("#")
+        dest = (md.parent / path).resolve() if path else md
+        if not dest.is_relative_to(root) or not dest.exists():
+            bad.append(f"{md.relative_to(root)}: link to missing or outside file {target}")
+        elif frag and dest.suffix == ".md" and frag not in anchors(dest):
+            bad.append(f"{md.relative_to(root)}: link to missing section {target}")
+    return bad
+
+
+def outside_refs(path: Path, root: Path = ROOT) -> list[str]:
+    """Paths in `path`'s text that leave `root`, and absolute paths of this machine's /work."""
+    text = path.read_text()
+    found = [m for m in UP.findall(text) if outside(m, path.parent, root)] + re.findall(r"/work/[\w./-]*", text)
+    return [f"{path.relative_to(root)}: refers to {m}" for m in found]
+
+
+def test_markdown_links_resolve_inside_the_repository():
+    bad = [b for md in tracked("*.md") for b in broken_links(md) + outside_refs(md)]
+    assert not bad, "\n".join(bad)
+
+
+def test_sources_do_not_point_outside_the_repository():
+    files = [p for p in tracked(*SOURCES) if p.suffix in (".py", ".yaml")]
+    bad = [b for p in files for b in outside_refs(p)]
+    assert not bad, "\n".join(bad)
+
+
+def test_checks_catch_what_they_are_for(tmp_path):
+    """Each checker flags what it is for and passes what is fine."""
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "paper.py").write_text("")
+    (tmp_path / "README.md").write_text("# Title\n\n## Set up\n")
+    md = tmp_path / "x.md"
+    md.write_text("[a](../shared/DESIGN.md) [b](docs/NOPE.md) [c](README.md#no-such-section) "
+                  "[d](README.md#set-up) [e](https://example.org/x.md) ![f](plots/paper.py)\n"
+                  "see `../shared/PAPER.md` and /work/shared/data; `cd sub && python ../plots/paper.py`\n")
+    bad = broken_links(md, tmp_path)
+    assert len(bad) == 3 and all(s in " ".join(bad) for s in ("../shared", "NOPE", "no-such-section")), bad
+    refs = outside_refs(md, tmp_path)
+    assert len(refs) == 3 and "../shared/DESIGN.md" in refs[0] and "/work/shared/data" in refs[2], refs
+    assert slug("Why GraVAC stays dense on CNNs: the gain definition and the scale") == \
+        "why-gravac-stays-dense-on-cnns-the-gain-definition-and-the-scale"
+    assert slug("`method=static`") == "methodstatic"
+
+
+# --- docs/RUN_FILES.md against real runs ------------------------------------------------------------
+DOC = ROOT / "docs" / "RUN_FILES.md"
+SMALL = ["dataset.image_size=8", "dataset.train_size=64", "dataset.test_size=32", "model.width=4",
+         "train.batch_size=8", "train.eval_every=5", "logger.progress=false", "cluster.workers=2",
+         "cluster.threads=1"]
+# what a method needs to write all its fields within 5 steps; every registered method is run
+SETTINGS = {
+    "gravac": ["method.window=2"],                                   # window ends: cf_min, cs move
+    "static": ["compressor.cf=10", "method.probe_cfs=[100]"],        # probe fields
+    "accordion": ["method.switch_freq=1"],                          # a regime check at step 4 (4 steps an epoch)
+}
+
+
+def documented(section: str) -> set[str]:
+    """Backticked names in the first column of the tables under the `## ...` heading `section`."""
+    text = DOC.read_text()
+    start = text.index(f"\n## {section}\n")
+    end = text.find("\n## ", start + 1)
+    rows = [line.split("|")[1] for line in text[start:end if end > 0 else None].splitlines()
+            if line.startswith("| `")]
+    return {n for cell in rows for n in re.findall(r"`([^`]+)`", cell)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One tiny checkpointed run of every registered method, {method: run folder}."""
+    from gravac.registry import registries
+    out = {}
+    for name in registries()["method"]:
+        root = tmp_path_factory.mktemp(name)
+        args = [f"method={name}", "train.steps=5", "train.checkpoint_every=2", *SETTINGS.get(name, [])]
+        r = run_cli([*SMALL, f"experiment.results_root={root}", *args], timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        (out[name],) = [p for p in root.glob("*/*") if p.is_dir()]
+    return out
+
+
+def test_documented_step_fields_are_the_ones_runs_write(runs):
+    written = {k for run in runs.values() for line in (run / "steps.jsonl").read_text().splitlines()
+               for k in json.loads(line)}
+    doc = documented("`steps.jsonl`")
+    assert not written - doc, f"step fields missing from {DOC.name}: {sorted(written - doc)}"
+    assert not doc - written, f"{DOC.name} lists step fields no run wrote: {sorted(doc - written)}"
+
+
+def test_documented_summary_and_eval_fields_cover_what_runs_write(runs):
+    for run in runs.values():
+        summary = json.loads((run / "summary.json").read_text())
+        assert set(summary) <= documented("`summary.json`"), sorted(set(summary) - documented("`summary.json`"))
+        evals = {k for line in (run / "evals.jsonl").read_text().splitlines() for k in json.loads(line)}
+        assert evals <= documented("`evals.jsonl`"), sorted(evals - documented("`evals.jsonl`"))
+
+
+def test_documented_files_cover_the_run_folder(runs):
+    names = documented("The run folder")
+    files = {p.relative_to(run).parts[0] for run in runs.values() for p in run.rglob("*")}
+    assert {"checkpoint", "ready.jsonl", "model.pt", ".lock"} <= files
+    missing = {f for f in files if f not in names and f + "/" not in names}
+    assert not missing, f"files a run writes missing from {DOC.name}: {sorted(missing)}"
