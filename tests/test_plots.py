@@ -358,3 +358,23 @@ def test_reads_the_compression_benchmarks_own_csv(tmp_path):
     rows = multilevel_rows(str(out))
     assert {r["compressor"] for r in rows} >= {"topk", "dgc", "redsync", "randomk"}
     assert all(r["direct_s"] > 0 and r["multilevel_s"] > 0 and r["recompress_s"] > 0 for r in rows)
+
+
+def test_finds_results_compress_bench_csv_without_a_flag(tmp_path, monkeypatch, capsys):
+    """`plots/paper.py results/runs/<experiment>` finds results/compress_bench.csv; --bench still wins."""
+    results = tmp_path / "results"
+    write_run(results / "runs" / "exp", "dense", "dense", "none", 100.0, [1000.0] * 10, [.2, .4, .6, .8, .85],
+              1.0, 0.5)
+    (results / "compress_bench.csv").write_text("model,compressor,cf,mode,median_s\n"
+                                                "vgg16,topk,1000,direct,0.030\nvgg16,topk,1000,multilevel,0.015\n")
+    other = tmp_path / "other.csv"
+    other.write_text("model,compressor,cf,mode,median_s\nlstm,dgc,1000,direct,0.04\nlstm,dgc,1000,multilevel,0.01\n")
+    monkeypatch.chdir(tmp_path)
+    assert main([str(results / "runs" / "exp"), "--out", "o1", "--formats", "png"]) == 0
+    assert "results/compress_bench.csv (found by itself" in capsys.readouterr().out
+    assert [r["model"] for r in read_csv(tmp_path / "o1" / "multilevel.csv")] == ["vgg16"]
+    assert main([str(results / "runs" / "exp"), "--out", "o2", "--formats", "png", "--bench", str(other)]) == 0
+    assert [r["model"] for r in read_csv(tmp_path / "o2" / "multilevel.csv")] == ["lstm"]
+    write_run(tmp_path / "elsewhere", "dense", "dense", "none", 100.0, [1000.0] * 10, [.2] * 5, 1.0, 0.5)
+    assert main([str(tmp_path / "elsewhere"), "--out", "o3", "--formats", "png"]) == 0   # default under cwd
+    assert (tmp_path / "o3" / "multilevel.csv").exists()
