@@ -18,8 +18,8 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
-from plots.labels import (METRIC_AXIS, fmt_cf, metric_scale, network_text,  # noqa: E402
-                          styles)
+from plots.labels import (METRIC_AXIS, compressor_label, fmt_cf, metric_scale,  # noqa: E402
+                          network_text, styles)
 from plots.load import Run  # noqa: E402
 from plots.settings import Context, Group  # noqa: E402
 
@@ -450,6 +450,19 @@ def _last_tc(run: Run, key: str) -> float:
 # ----------------------------------------------------------------------------------------------
 # 6. direct vs multi-level compression
 
+def _timed_on(rows: list[dict]) -> str:
+    """Where the benchmark's times were measured, e.g. "a CPU (2 threads)" (plots.bench fills it in)."""
+    device = rows[0].get("device") or "CPU"
+    threads = rows[0].get("threads")
+    what = "a CPU" if device.upper() == "CPU" else device
+    return what + (f" ({threads} thread{'s' if threads != '1' else ''})" if threads else "")
+
+
+def _wrap_label(text: str) -> str:
+    """A bar name on two lines at its parenthesis ("Top-k" above "(torch)"), so neighbours never touch."""
+    return text.replace(" (", "\n(", 1)
+
+
 def multilevel_figure(rows: list[dict]):
     """Speedup of multi-level over direct compression (direct time / multi-level time)."""
     if not rows:
@@ -469,12 +482,13 @@ def multilevel_figure(rows: list[dict]):
                 ys.append(r["speedup"])
         ax.bar(xs, ys, width=width * 0.95, color=cmap(j % 10), label=model)
     ax.axhline(1.0, color="0.3", linestyle=":", linewidth=0.9)
-    names = {r["compressor"]: r.get("label", r["compressor"]) for r in rows}
-    ax.set_xticks(range(len(cats)), [names[c] + (f"\n{fmt_cf(cf)}" if multi_cf else "") for c, cf in cats])
+    names = {r["compressor"]: r.get("label") or compressor_label(r["compressor"]) for r in rows}
+    ax.set_xticks(range(len(cats)), [_wrap_label(names[c]) + (f"\n{fmt_cf(cf)}" if multi_cf else "")
+                                     for c, cf in cats])
     ax.set_ylabel("Speedup of multi-level\n(direct time / multi-level time)")
     ax.grid(axis="x", visible=False)
     cfs = sorted({cf for _, cf in cats if isinstance(cf, float)})
-    _title(fig, "Direct vs multi-level compression",
+    _title(fig, f"Direct vs multi-level compression, timed on {_timed_on(rows)}",
            f"final CF {', '.join(fmt_cf(c) for c in cfs)}" if cfs and not multi_cf else "")
     h, lab = ax.get_legend_handles_labels()
     _legend(fig, h, lab, ncol if len(models) > 1 else 1)

@@ -170,3 +170,19 @@ def styles(groups: list) -> dict:
                 out[g] = dict(color=_OTHER[other % len(_OTHER)], linestyle=":", linewidth=1.2)
                 other += 1
     return out
+
+
+def compressor_label(name: str, fallback: str | None = None) -> str:
+    """Display name of a compressor, as its registration states it ("topk" -> "Top-k"); a variant
+    named "<registered>_<how>" (the benchmark's "topk_torch") reads "Top-k (torch)". Names the
+    registry does not know keep `fallback` (e.g. a CSV's label column) or the name itself."""
+    try:
+        from compressors import COMPRESSORS
+    except ImportError:             # plots used without the library: the CSV's own names
+        return fallback or name
+    if name in COMPRESSORS:
+        return COMPRESSORS[name].label
+    head, _, how = name.partition("_")
+    if how and head in COMPRESSORS:
+        return f"{COMPRESSORS[head].label} ({how})"
+    return fallback or name

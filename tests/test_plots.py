@@ -378,3 +378,18 @@ def test_finds_results_compress_bench_csv_without_a_flag(tmp_path, monkeypatch, 
     write_run(tmp_path / "elsewhere", "dense", "dense", "none", 100.0, [1000.0] * 10, [.2] * 5, 1.0, 0.5)
     assert main([str(tmp_path / "elsewhere"), "--out", "o3", "--formats", "png"]) == 0   # default under cwd
     assert (tmp_path / "o3" / "multilevel.csv").exists()
+
+
+def test_multilevel_figure_names_compressors_as_elsewhere_and_says_cpu(tmp_path):
+    from plots import figures
+    from plots.bench import multilevel_rows
+    csv_path = tmp_path / "cb.csv"
+    csv_path.write_text("kind,size,compressor,cf,threads,direct_s,multilevel_s\n"
+                        "multilevel,vgg16,topk,1000,2,0.5,0.4\nmultilevel,vgg16,randomk,1000,2,0.2,0.3\n"
+                        "multilevel,vgg16,topk_torch,1000,2,2.0,1.0\n")
+    rows = multilevel_rows(str(csv_path))
+    assert [r["label"] for r in rows] == ["Top-k", "Random-k", "Top-k (torch)"]
+    fig = figures.multilevel_figure(rows)
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert ticks == ["Top-k", "Random-k", "Top-k\n(torch)"]
+    assert "timed on a CPU (2 threads)" in fig._suptitle.get_text().replace("\n", " ")
