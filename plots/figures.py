@@ -284,10 +284,11 @@ def _eval_points(run: Run, time_key: str) -> dict[int, tuple[float, float]]:
 
 
 def _plain_log_y(ax) -> None:
-    """Log y axis labelled 20, 50, 100 instead of 2×10¹; minor labels only within one decade."""
+    """Log y axis labelled 20, 50, 100 instead of 2×10¹; minor labels (2, 3, 5 of a decade) when it
+    spans less than two decades, so a perplexity axis has more than one label."""
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
-    few = lo > 0 and hi / lo < 10
+    few = lo > 0 and hi / lo < 100
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(FuncFormatter(
         lambda v, _: f"{v:g}" if few and f"{v:.1e}"[0] in "235" else ""))

@@ -487,3 +487,17 @@ def test_finds_results_compress_bench_csv_without_a_flag(tmp_path, monkeypatch, 
     write_run(tmp_path / "elsewhere", "dense", "dense", "none", 100.0, [1000.0] * 10, [.2] * 5, 1.0, 0.5)
     assert main([str(tmp_path / "elsewhere"), "--out", "o3", "--formats", "png"]) == 0   # default under cwd
     assert (tmp_path / "o3" / "multilevel.csv").exists()
+
+
+def test_perplexity_axis_over_a_decade_has_several_labels(tmp_path):
+    """Perplexity 2500 -> 250 spans one decade and a bit: besides the lone major "1000", the 2-3-5
+    minor ticks are labelled."""
+    from plots import figures
+    lm = dict(model="lstm_mini", metric="perplexity", target=300.0)
+    ctx = _context(tmp_path, [("dense", "dense", "none", 100.0, [1000.0] * 10, [2500, 1200, 700, 400, 250], lm)])
+    fig = figures.metric_vs_steps_figure(ctx)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    shown = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)
+             if t.get_text() and ax.get_ylim()[0] <= t.get_position()[1] <= ax.get_ylim()[1]]
+    assert {"300", "500", "1000", "2000"} <= set(shown)
