@@ -14,6 +14,8 @@ import csv
 import math
 import statistics
 
+from plots.labels import compressor_label
+
 ENTITY = ("model", "size", "numel", "elements", "n", "tensor", "shape", "params", "parameters")
 COMPRESSOR = ("compressor", "name", "algorithm")
 CF = ("final_cf", "cf_total", "target_cf", "total_cf", "cf")
@@ -54,7 +56,8 @@ def _numeric(rows: list[dict], col: str) -> bool:
 
 
 def multilevel_rows(path: str) -> list[dict]:
-    """[{model, compressor, cf, direct_s, multilevel_s, speedup}] from the benchmark CSV."""
+    """[{model, compressor, label, cf, direct_s, multilevel_s, speedup, device, threads}] from the
+    benchmark CSV; `label` is the compressor's display name, as in every other figure and table."""
     cols, rows = read_csv(path)
     if "kind" in cols:  # bench/compress_bench.py: per-compressor rows and multi-level rows in one file
         rows = [r for r in rows if r.get("kind") == "multilevel"] or rows
@@ -69,6 +72,14 @@ def multilevel_rows(path: str) -> list[dict]:
     if not out:
         raise BenchFormatError(f"{path}: no (model, compressor) has both a direct and a multi-level time")
     return out
+
+
+def _where(rows: list[dict]) -> dict:
+    """What the times were measured on: the CSV's device column, else a CPU (bench/compress_bench.py
+    times CPU tensors and has no device option), and its torch thread counts when recorded."""
+    devices = sorted({str(r["device"]) for r in rows if r.get("device")}) or ["CPU"]
+    threads = sorted({int(_float(r.get("threads"))) for r in rows if math.isfinite(_float(r.get("threads")))})
+    return {"device": "/".join(devices), "threads": "/".join(map(str, threads))}
 
 
 def _pair(cols, rows, path, entity, comp, cf) -> list[dict]:
@@ -98,14 +109,16 @@ def _pair(cols, rows, path, entity, comp, cf) -> list[dict]:
     second = {key(r): r for r in rows} if "recompress_s" in cols and "direct_high_s" in cols else {}
     out = []
     labels = {r[comp]: r["label"] for r in rows if r.get("label")}   # display names, when the CSV has them
+    where = _where(rows)
     for (ent, c, f), d in acc.items():
         dv = [x for x in d["direct"] if math.isfinite(x)]
         mv = [x for x in d["multi"] if math.isfinite(x)]
         if not dv or not mv:
             continue
         ds, ms = statistics.median(dv), statistics.median(mv)
-        row = {"model": ent or "-", "compressor": c, "label": labels.get(c, c), "cf": f if math.isfinite(f) else "-",
-               "direct_s": ds, "multilevel_s": ms, "speedup": ds / ms if ms > 0 else math.nan}
+        row = {"model": ent or "-", "compressor": c, "label": compressor_label(c, labels.get(c)),
+               "cf": f if math.isfinite(f) else "-", "direct_s": ds, "multilevel_s": ms,
+               "speedup": ds / ms if ms > 0 else math.nan, **where}
         r2 = second.get((ent, c, f))
         if r2 is not None:  # the second level alone: C(g, final CF) vs recompressing the first payload
             row["high_s"], row["recompress_s"] = _float(r2["direct_high_s"]), _float(r2["recompress_s"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import textwrap
 import warnings
+from dataclasses import dataclass
 
 import matplotlib
 
@@ -18,8 +19,8 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
-from plots.labels import (METRIC_AXIS, fmt_cf, metric_scale, network_text,  # noqa: E402
-                          styles)
+from plots.labels import (METRIC_AXIS, compressor_label, fmt_cf, metric_scale,  # noqa: E402
+                          network_text, styles)
 from plots.load import Run  # noqa: E402
 from plots.settings import Context, Group  # noqa: E402
 
@@ -104,8 +105,19 @@ def _thin(*arrays: np.ndarray):
     return tuple(a[idx] for a in arrays)
 
 
-def _draw(ax, x, mean, lo, hi, n: int, style: dict, label: str, drawstyle: str = "default"):
+def _markevery(n: int, phase: float):
+    """Every point of a short series; ~8 markers on a long one, starting at `phase` (0..1) of the
+    spacing, so the markers of neighbouring curves do not sit on each other."""
+    if n <= 15:
+        return None
+    step = max(1, n // 8)
+    return (int(step * phase), step)
+
+
+def _draw(ax, x, mean, lo, hi, n: int, style: dict, label: str, drawstyle: str = "default", phase: float = 0.0):
     x, mean, lo, hi = _thin(x, mean, lo, hi)
+    if style.get("marker"):
+        style = dict(style, markevery=_markevery(len(x), phase))
     line, = ax.plot(x, mean, label=label, drawstyle=drawstyle, **style)
     if n > 1:
         ax.fill_between(x, lo, hi, color=style.get("color"), alpha=0.18, linewidth=0,
@@ -117,6 +129,81 @@ def label_n(g: Group) -> str:
     return g.label + (f" (n={g.n})" if g.n > 1 else "")
 
 
+@dataclass(eq=False)
+class Series:
+    """One setting's curve in a figure: its points, the replicas' min-max band, its legend text."""
+    group: Group
+    x: np.ndarray
+    mean: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+    @property
+    def label(self) -> str:
+        return label_n(self.group)
+
+
+def _same_points(a: Series, b: Series) -> bool:
+    return (a.x.shape == b.x.shape and a.mean.shape == b.mean.shape and np.array_equal(a.x, b.x)
+            and np.allclose(a.mean, b.mean, rtol=1e-9, atol=0.0, equal_nan=True))
+
+
+def identical_to(series: list[Series]) -> list[int | None]:
+    """For each series, the index of the first earlier series with the same points (None when it
+    has none): drawn as they are, such curves would hide each other."""
+    out: list[int | None] = []
+    for i, s in enumerate(series):
+        out.append(next((j for j in range(i) if out[j] is None and _same_points(series[j], s)), None))
+    return out
+
+
+def legend_labels(series: list[Series], same: list[int | None]) -> list[str]:
+    """Legend texts; a curve identical to an earlier one says which, on a second line."""
+    def note(name: str) -> str:
+        return f"\n(identical to {name})" if len(name) <= 16 else f"\n(identical to\n{name})"
+    return [s.label + (note(series[j].group.label) if j is not None else "") for s, j in zip(series, same)]
+
+
+def _overlay(style: dict, under: dict, k: int, m: int) -> dict:
+    """Style of the k-th (1..m) of m curves identical to an earlier one: dashes that take turns
+    with the earlier line (each shows in its own stretch of every period, the earlier one in the
+    last) and hollow, larger markers around the earlier curve's."""
+    width = under.get("linewidth", 1.2)
+    dash = 4.0
+    period = dash * (m + 1)
+    return dict(style, linewidth=width, linestyle=((period - (k - 1) * dash) % period, (dash, period - dash)),
+                fillstyle="none", markersize=style.get("markersize", 3.2) + 1.2 * k)
+
+
+def _draw_series(ax, series: list[Series], st: dict, drawstyle: str = "default") -> tuple[list, list]:
+    """Draw every series in its group's style; curves identical to an earlier one go over it with
+    `_overlay`'s style and a legend text that says so. Returns (handles, labels)."""
+    same = identical_to(series)
+    labels = legend_labels(series, same)
+    handles = []
+    for i, (s, j) in enumerate(zip(series, same)):
+        style = st[s.group]
+        if j is not None:
+            twins = [t for t, b in enumerate(same) if b == j]
+            style = _overlay(style, st[series[j].group], twins.index(i) + 1, len(twins))
+        line = _draw(ax, s.x, s.mean, s.lo, s.hi, s.group.n, style, labels[i], drawstyle, phase=(i * 0.382) % 1.0)
+        handles.append(line if j is None else _legend_proxy(line))
+    return handles, labels
+
+
+def _legend_proxy(line) -> Line2D:
+    """A legend sample of an overlaid curve: its colour and hollow marker on a plain dashed line
+    (its own dash offset can leave the short sample blank)."""
+    return Line2D([], [], color=line.get_color(), linewidth=line.get_linewidth(), linestyle=(0, (2.0, 1.2)),
+                  marker=line.get_marker(), fillstyle="none", markersize=line.get_markersize())
+
+
+def _legend_size(labels: list[str]) -> tuple[int, int]:
+    """(lines, longest line) of legend texts, for sizing the figure around its legend."""
+    lines = [x for text in labels for x in text.split("\n")]
+    return len(lines), max((len(x) for x in lines), default=10)
+
+
 def _target_line(ax, ctx: Context, handles: list, labels: list) -> None:
     if ctx.target is not None:
         h = ax.axhline(ctx.target * metric_scale(ctx.metric), color="0.35", linestyle=":", linewidth=0.9)
@@ -124,9 +211,15 @@ def _target_line(ax, ctx: Context, handles: list, labels: list) -> None:
         labels.append("target")
 
 
+def _from_zero(ax) -> None:
+    """An x axis (iterations, time, floats) that starts at a 0 tick, so runs are read from their start."""
+    ax.set_xlim(left=0)
+
+
 def _iteration_axis(ax) -> None:
-    """At most ~5 ticks on an iteration axis, thousands as "5k" so labels never collide."""
+    """At most ~5 ticks on an iteration axis from 0, thousands as "5k" so labels never collide."""
     ax.set_xlabel("Iteration")
+    _from_zero(ax)
     ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
     lo, hi = ax.get_xlim()
     if max(abs(lo), abs(hi)) >= 10000:
@@ -136,10 +229,6 @@ def _iteration_axis(ax) -> None:
 def _markers(n_points: int) -> dict:
     """Markers at evaluations only when there are few of them."""
     return dict(marker="o", markersize=2.5) if n_points <= 15 else {}
-
-
-def _max_label(groups) -> int:
-    return max((len(label_n(g)) for g in groups), default=10)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,28 +241,27 @@ def cumulative_figure(ctx: Context, key: str = "floats_sent", what: str = "float
     if not groups:
         raise Skip(f"no run has '{key}' in steps.jsonl")
     st = styles(ctx.groups)
-    fig, (ax,), ncol = _new(len(groups) + 1, label_len=_max_label(groups))
-    finals, handles, labels = [], [], []
+    mats = {g: _matrix([r.cumulative(key) for r in g.runs]) for g in groups}
+    series = [Series(g, np.arange(1, m.shape[1] + 1), *_stats(m)) for g, m in mats.items()]
+    n_lines, longest = _legend_size(legend_labels(series, identical_to(series)))
+    fig, (ax,), ncol = _new(n_lines + 1, label_len=longest)
+    handles, labels = _draw_series(ax, series, st)
+    finals = [v for m in mats.values() for row in m if np.isfinite(row).any()
+              for v in [np.nanmax(row)] if math.isfinite(v) and v > 0]
     for g in groups:
-        m = _matrix([r.cumulative(key) for r in g.runs])
-        mean, lo, hi = _stats(m)
-        x = np.arange(1, m.shape[1] + 1)
-        handles.append(_draw(ax, x, mean, lo, hi, g.n, st[g], label_n(g)))
-        labels.append(label_n(g))
-        finals += [v for v in (np.nanmax(m[i]) if np.isfinite(m[i]).any() else np.nan for i in range(g.n))
-                   if math.isfinite(v) and v > 0]
         hits = [r.first_hit(ctx.target) for r in g.runs]
         hits = [h for h in hits if h is not None and math.isfinite(h.floats)]
         if hits:
             val = np.mean([h.floats if key == "floats_sent" else h.wire for h in hits])
-            ax.plot([np.mean([h.step for h in hits])], [val], "o", color=st[g]["color"], markersize=3.5,
-                    markeredgecolor="white", markeredgewidth=0.4, zorder=5)
+            ax.plot([np.mean([h.step for h in hits])], [val], "*", color=st[g]["color"], markersize=6,
+                    markeredgecolor="black", markeredgewidth=0.4, zorder=5)
     if finals and max(finals) / min(finals) > 20:
         ax.set_yscale("log")
     _iteration_axis(ax)
     ax.set_ylabel(f"Cumulative {what}\nper worker" + (" (bytes)" if key == "wire_bytes" else " (elements)"))
     if ctx.target is not None:
-        handles.append(Line2D([], [], marker="o", linestyle="", color="0.3", markersize=3.5))
+        handles.append(Line2D([], [], marker="*", linestyle="", color="0.6", markersize=6,
+                              markeredgecolor="black", markeredgewidth=0.4))
         labels.append("target reached")
     _title(fig, ctx.title)
     _legend(fig, handles, labels, ncol)
@@ -196,10 +284,11 @@ def _eval_points(run: Run, time_key: str) -> dict[int, tuple[float, float]]:
 
 
 def _plain_log_y(ax) -> None:
-    """Log y axis labelled 20, 50, 100 instead of 2×10¹; minor labels only within one decade."""
+    """Log y axis labelled 20, 50, 100 instead of 2×10¹; minor labels (2, 3, 5 of a decade) when it
+    spans less than two decades, so a perplexity axis has more than one label."""
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
-    few = lo > 0 and hi / lo < 10
+    few = lo > 0 and hi / lo < 100
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(FuncFormatter(
         lambda v, _: f"{v:g}" if few and f"{v:.1e}"[0] in "235" else ""))
@@ -211,6 +300,25 @@ def _metric_axis(ax, ctx: Context) -> None:
         _plain_log_y(ax)
 
 
+def _time_series(g: Group, time_key: str, scale: float) -> Series:
+    """A setting's metric at each evaluation against its mean cumulative time there."""
+    pts = [_eval_points(r, time_key) for r in g.runs]
+    steps = sorted({s for p in pts for s in p})
+    t = np.array([np.mean([p[s][0] for p in pts if s in p]) for s in steps])
+    vals = [[p[s][1] * scale for p in pts if s in p] for s in steps]
+    return Series(g, t, np.array([np.mean(v) for v in vals]), np.array([min(v) for v in vals]),
+                  np.array([max(v) for v in vals]))
+
+
+def _step_series(g: Group, scale: float) -> Series:
+    """A setting's metric at each evaluation against the iteration."""
+    per_run = [dict(zip(*r.eval_series())) for r in g.runs]
+    steps = sorted({int(s) for p in per_run for s in p})
+    vals = [[p[s] * scale for p in per_run if s in p] for s in steps]
+    return Series(g, np.array(steps, dtype=float), np.array([np.mean(v) for v in vals]),
+                  np.array([min(v) for v in vals]), np.array([max(v) for v in vals]))
+
+
 def time_to_accuracy_figure(ctx: Context, time_key: str):
     """Metric vs cumulative step time (wall: step_wall_s; "model": each run's modelled time) at
     each evaluation."""
@@ -219,21 +327,14 @@ def time_to_accuracy_figure(ctx: Context, time_key: str):
     groups = [g for g in ctx.groups if any(_eval_points(r, time_key) for r in g.runs)]
     if not groups:
         raise Skip(f"no run has evaluations with '{time_key}' step times")
-    fig, (ax,), ncol = _new(len(groups) + 1, label_len=_max_label(groups))
-    handles, labels = [], []
-    scale = metric_scale(ctx.metric)
-    for g in groups:
-        pts = [_eval_points(r, time_key) for r in g.runs]
-        steps = sorted({s for p in pts for s in p})
-        t = np.array([np.mean([p[s][0] for p in pts if s in p]) for s in steps])
-        vals = [[p[s][1] * scale for p in pts if s in p] for s in steps]
-        mean = np.array([np.mean(v) for v in vals])
-        lo, hi = np.array([min(v) for v in vals]), np.array([max(v) for v in vals])
-        handles.append(_draw(ax, t, mean, lo, hi, g.n, dict(st[g], **_markers(len(t))), label_n(g)))
-        labels.append(label_n(g))
+    series = [_time_series(g, time_key, metric_scale(ctx.metric)) for g in groups]
+    n_lines, longest = _legend_size(legend_labels(series, identical_to(series)))
+    fig, (ax,), ncol = _new(n_lines + 1, label_len=longest)
+    handles, labels = _draw_series(ax, series, st)
     _target_line(ax, ctx, handles, labels)
     _metric_axis(ax, ctx)
     ax.set_xlabel("Modelled cluster time (s)" if modelled else "Wall time, measured steps (s)")
+    _from_zero(ax)
     if modelled:
         overlap = {r.model_key == "step_overlap_model_s" for r in ctx.runs}
         how = ("communication overlapped with backward as DDP does" if overlap == {True} else
@@ -254,17 +355,10 @@ def metric_vs_steps_figure(ctx: Context):
     groups = [g for g in ctx.groups if any(len(r.eval_series()[0]) for r in g.runs)]
     if not groups:
         raise Skip("no run has evaluations")
-    fig, (ax,), ncol = _new(len(groups) + 1, label_len=_max_label(groups))
-    handles, labels = [], []
-    scale = metric_scale(ctx.metric)
-    for g in groups:
-        series = [dict(zip(*r.eval_series())) for r in g.runs]
-        steps = sorted({int(s) for p in series for s in p})
-        vals = [[p[s] * scale for p in series if s in p] for s in steps]
-        handles.append(_draw(ax, np.array(steps), np.array([np.mean(v) for v in vals]),
-                             np.array([min(v) for v in vals]), np.array([max(v) for v in vals]), g.n,
-                             dict(st[g], **_markers(len(steps))), label_n(g)))
-        labels.append(label_n(g))
+    series = [_step_series(g, metric_scale(ctx.metric)) for g in groups]
+    n_lines, longest = _legend_size(legend_labels(series, identical_to(series)))
+    fig, (ax,), ncol = _new(n_lines + 1, label_len=longest)
+    handles, labels = _draw_series(ax, series, st)
     _target_line(ax, ctx, handles, labels)
     _metric_axis(ax, ctx)
     _iteration_axis(ax)
@@ -276,6 +370,11 @@ def metric_vs_steps_figure(ctx: Context):
 # ----------------------------------------------------------------------------------------------
 # 4. compression gain
 
+def _gain_series(g: Group, window: int) -> Series:
+    m = _matrix([smooth(r.column("gain"), window) for r in g.runs])
+    return Series(g, np.arange(1, m.shape[1] + 1), *_stats(m))
+
+
 def static_gain_figure(ctx: Context, window: int = 0):
     """Compression gain ||C(g)||²/||g||² over iterations, one panel per compressor, one line per CF."""
     groups = [g for g in ctx.groups if g.method == "static" and any(r.has_column("gain") for r in g.runs)]
@@ -285,15 +384,14 @@ def static_gain_figure(ctx: Context, window: int = 0):
     st = styles(ctx.groups)
     n_steps = max(len(r.steps) for g in groups for r in g.runs)
     w = auto_window(n_steps, window)
-    fig, axes, ncol = _new(len(groups), height=1.5 if len(comps) > 1 else 2.2, nrows=len(comps),
-                           label_len=_max_label(groups))
+    panels = {c: [_gain_series(g, w) for g in groups if g.first.compressor == c] for c in comps}
+    n_lines, longest = _legend_size([t for ps in panels.values() for t in legend_labels(ps, identical_to(ps))])
+    fig, axes, ncol = _new(n_lines, height=1.5 if len(comps) > 1 else 2.2, nrows=len(comps), label_len=longest)
     handles, labels = [], []
     for ax, comp in zip(axes, comps):
-        for g in (g for g in groups if g.first.compressor == comp):
-            m = _matrix([smooth(r.column("gain"), w) for r in g.runs])
-            mean, lo, hi = _stats(m)
-            handles.append(_draw(ax, np.arange(1, m.shape[1] + 1), mean, lo, hi, g.n, st[g], label_n(g)))
-            labels.append(label_n(g))
+        h, lab = _draw_series(ax, panels[comp], st)
+        handles += h
+        labels += lab
         first = next(g for g in groups if g.first.compressor == comp).first
         ax.set_ylabel(f"Gain ({first.setting.get('compressor_label', comp)})")
         ax.set_ylim(bottom=0)
@@ -350,11 +448,30 @@ def sent_cf_series(run: Run) -> tuple[np.ndarray, np.ndarray, str]:
 
 
 def cf_figure(ctx: Context, g: Group):
-    """The CF an adaptive method sent over iterations (log scale), with the metric on a second axis."""
+    """The CF an adaptive method sent over iterations (log scale) and, in a panel of its own below,
+    the metric: on twin axes the metric's points sat on the CF axis's tick labels and read as CFs."""
     runs = [r for r in g.runs if r.has_column("cf")]
     if not runs:
         raise Skip(f"{g.label}: no 'cf' in steps.jsonl")
-    fig, (ax,), ncol = _new(5, label_len=24)
+    fig, (ax, axm), ncol = _new(5, height=1.45, nrows=2, label_len=24)
+    handles, labels = _cf_lines(ax, runs)
+    _plain_log_y(ax)
+    ax.set_ylabel("Compression factor (x)")
+    h = _metric_line(axm, ctx, g)
+    if h is not None:
+        handles.append(h)
+        labels.append(METRIC_AXIS.get(ctx.metric, ctx.metric).split(" (")[0])
+    _target_line(axm, ctx, handles, labels)
+    _metric_axis(axm, ctx)
+    _iteration_axis(axm)
+    ax.set_xlabel("")
+    _title(fig, label_n(g), ctx.title)
+    _legend(fig, handles, labels, ncol)
+    return fig
+
+
+def _cf_lines(ax, runs: list[Run]) -> tuple[list, list]:
+    """The CF each replica sent (the first opaque) and, when recorded, GraVAC's cf_min and candidate."""
     handles, labels = [], []
     for i, r in enumerate(runs):
         x, y, text = sent_cf_series(r)
@@ -371,23 +488,19 @@ def cf_figure(ctx: Context, g: Group):
             h, = ax.plot(x1, y1, drawstyle="steps-post", linewidth=0.9, zorder=4, **style)
             handles.append(h)
             labels.append(text)
-    _plain_log_y(ax)
-    _iteration_axis(ax)
-    ax.set_ylabel("Compression factor (x)")
-    ax2 = ax.twinx()
-    ax2.grid(False)
+    return handles, labels
+
+
+def _metric_line(ax, ctx: Context, g: Group):
+    """The setting's mean metric at each evaluation, or None when it has no evaluation."""
     scale = metric_scale(ctx.metric)
     series = [dict(zip(*r.eval_series())) for r in g.runs]
     steps = sorted({int(s) for p in series for s in p})
-    if steps:
-        mean = [np.mean([p[s] * scale for p in series if s in p]) for s in steps]
-        h, = ax2.plot(steps, mean, color="0.2", linewidth=1.0, **_markers(len(steps)))
-        handles.append(h)
-        labels.append(METRIC_AXIS.get(ctx.metric, ctx.metric).split(" (")[0])
-    _metric_axis(ax2, ctx)
-    _title(fig, label_n(g), ctx.title)
-    _legend(fig, handles, labels, ncol)
-    return fig
+    if not steps:
+        return None
+    mean = [np.mean([p[s] * scale for p in series if s in p]) for s in steps]
+    h, = ax.plot(steps, mean, color="0.2", linewidth=1.0, **_markers(len(steps)))
+    return h
 
 
 def tcomp_figure(ctx: Context, g: Group):
@@ -450,6 +563,19 @@ def _last_tc(run: Run, key: str) -> float:
 # ----------------------------------------------------------------------------------------------
 # 6. direct vs multi-level compression
 
+def _timed_on(rows: list[dict]) -> str:
+    """Where the benchmark's times were measured, e.g. "a CPU (2 threads)" (plots.bench fills it in)."""
+    device = rows[0].get("device") or "CPU"
+    threads = rows[0].get("threads")
+    what = "a CPU" if device.upper() == "CPU" else device
+    return what + (f" ({threads} thread{'s' if threads != '1' else ''})" if threads else "")
+
+
+def _wrap_label(text: str) -> str:
+    """A bar name on two lines at its parenthesis ("Top-k" above "(torch)"), so neighbours never touch."""
+    return text.replace(" (", "\n(", 1)
+
+
 def multilevel_figure(rows: list[dict]):
     """Speedup of multi-level over direct compression (direct time / multi-level time)."""
     if not rows:
@@ -469,12 +595,13 @@ def multilevel_figure(rows: list[dict]):
                 ys.append(r["speedup"])
         ax.bar(xs, ys, width=width * 0.95, color=cmap(j % 10), label=model)
     ax.axhline(1.0, color="0.3", linestyle=":", linewidth=0.9)
-    names = {r["compressor"]: r.get("label", r["compressor"]) for r in rows}
-    ax.set_xticks(range(len(cats)), [names[c] + (f"\n{fmt_cf(cf)}" if multi_cf else "") for c, cf in cats])
+    names = {r["compressor"]: r.get("label") or compressor_label(r["compressor"]) for r in rows}
+    ax.set_xticks(range(len(cats)), [_wrap_label(names[c]) + (f"\n{fmt_cf(cf)}" if multi_cf else "")
+                                     for c, cf in cats])
     ax.set_ylabel("Speedup of multi-level\n(direct time / multi-level time)")
     ax.grid(axis="x", visible=False)
     cfs = sorted({cf for _, cf in cats if isinstance(cf, float)})
-    _title(fig, "Direct vs multi-level compression",
+    _title(fig, f"Direct vs multi-level compression, timed on {_timed_on(rows)}",
            f"final CF {', '.join(fmt_cf(c) for c in cfs)}" if cfs and not multi_cf else "")
     h, lab = ax.get_legend_handles_labels()
     _legend(fig, h, lab, ncol if len(models) > 1 else 1)

@@ -4,8 +4,8 @@ Labels say method, compressor and CF ("Dense", "Top-k 10x", "GraVAC ε=0.7 (dgc)
 "Accordion (randomk 1.5x/1000x)"), as each run's method wrote them into its summary (so plots know
 no method by name). When two settings of one context would get the same label,
 the config keys in which they differ are appended ("…, policy=geometric"), so no two lines or
-rows are ever indistinguishable. Colours are fixed per group within a context, so a setting has
-the same colour in every figure.
+rows are ever indistinguishable. Colours, dashes and markers are fixed per group within a context,
+so a setting looks the same in every figure, and no two settings of a context look alike.
 """
 from __future__ import annotations
 
@@ -123,6 +123,7 @@ _OTHER = ["#17becf", "#bcbd22", "#7f7f7f", "#e377c2", "#1a55b0", "#6b8e23"]
 _ACCORDION = "#9467bd"
 _GRAVAC = ["#d62728", "#b5179e", "#ff5a36", "#7b0828"]
 _DASHES = [(6, 2), (2.5, 1.5), (1, 1.2), (6, 1.5, 1, 1.5), (3, 1, 1, 1)]
+_MARKERS = ["o", "s", "^", "v", "D", "P", "X", "<", ">", "h", "p", "d"]   # "*" marks "target reached"
 
 
 def _shade(color: str, rank: int, count: int) -> tuple:
@@ -169,4 +170,35 @@ def styles(groups: list) -> dict:
             else:
                 out[g] = dict(color=_OTHER[other % len(_OTHER)], linestyle=":", linewidth=1.2)
                 other += 1
+    _add_markers(groups, out)
     return out
+
+
+def _add_markers(groups: list, out: dict) -> None:
+    """Give every group a marker so that no two groups share colour, dash and marker: colours of
+    one family can be close (a dark shade reads as black), and a marker tells them apart."""
+    from matplotlib.colors import to_hex
+    used = set()
+    for i, g in enumerate(groups):
+        base = (to_hex(out[g]["color"]), repr(out[g]["linestyle"]))
+        combos = [(_MARKERS[(i + j) % len(_MARKERS)], fill) for fill in ("full", "none")
+                  for j in range(len(_MARKERS))]
+        marker, fill = next((c for c in combos if base + c not in used), combos[0])
+        used.add(base + (marker, fill))
+        out[g].update(marker=marker, fillstyle=fill, markersize=3.2)
+
+
+def compressor_label(name: str, fallback: str | None = None) -> str:
+    """Display name of a compressor, as its registration states it ("topk" -> "Top-k"); a variant
+    named "<registered>_<how>" (the benchmark's "topk_torch") reads "Top-k (torch)". Names the
+    registry does not know keep `fallback` (e.g. a CSV's label column) or the name itself."""
+    try:
+        from compressors import COMPRESSORS
+    except ImportError:             # plots used without the library: the CSV's own names
+        return fallback or name
+    if name in COMPRESSORS:
+        return COMPRESSORS[name].label
+    head, _, how = name.partition("_")
+    if how and head in COMPRESSORS:
+        return f"{COMPRESSORS[head].label} ({how})"
+    return fallback or name

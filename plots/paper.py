@@ -56,8 +56,9 @@ def parse_args(argv):
                    help="target metric value for every context (default: the runs' train.target); "
                         "accuracy as a fraction (0.8) or percent (80)")
     p.add_argument("--reference", default="Top-k 10x", help="setting the static table's speedups refer to")
-    p.add_argument("--bench", default=None, help="compression benchmark CSV (default: compress_bench*.csv "
-                                                 "in or next to the results folders)")
+    p.add_argument("--bench", default=None, help="compression benchmark CSV (default: the nearest "
+                                                 "compress_bench*.csv in or above the results folders, up to "
+                                                 "results/, else results/compress_bench.csv)")
     p.add_argument("--smooth", type=int, default=0, help="moving-average window of static gains (0: auto)")
     p.add_argument("--formats", default="png,pdf",
                    help="figure formats, comma-separated (default png,pdf; PDF embeds TrueType fonts)")
@@ -66,17 +67,32 @@ def parse_args(argv):
 
 
 def find_bench_csv(args, csvs: list[str]) -> str | None:
+    """The benchmark CSV for Table 3: --bench when given, else one named among the results, else
+    the nearest compress_bench*.csv in a results folder or above it (up to the `results` folder
+    holding it, so `results/runs/<experiment>` finds `results/compress_bench.csv`), else
+    results/compress_bench.csv under the current folder."""
     if args.bench:
         return args.bench
     if csvs:
         return csvs[0]
     for d in args.results:
-        for folder in (d, os.path.dirname(os.path.abspath(d))):
-            if os.path.isdir(folder):
-                for name in sorted(os.listdir(folder)):
-                    if name.startswith("compress_bench") and name.endswith(".csv"):
-                        return os.path.join(folder, name)
-    return None
+        for folder in _bench_folders(os.path.abspath(d)):
+            found = sorted(n for n in os.listdir(folder) if n.startswith("compress_bench") and n.endswith(".csv"))
+            if found:
+                return os.path.join(folder, found[0])
+    default = os.path.join("results", "compress_bench.csv")
+    return default if os.path.isfile(default) else None
+
+
+def _bench_folders(path: str) -> list[str]:
+    """`path` and its parents up to the nearest one named `results`; without one, `path` and its
+    parent."""
+    chain = [path]
+    while os.path.basename(chain[-1]) != "results" and os.path.dirname(chain[-1]) != chain[-1]:
+        chain.append(os.path.dirname(chain[-1]))
+    if os.path.basename(chain[-1]) != "results":
+        chain = chain[:2]
+    return [f for f in chain if os.path.isdir(f)]
 
 
 def _attempt(out: Outputs, what: str, debug: bool, fn, *a, **kw):
@@ -187,6 +203,8 @@ def main(argv=None) -> int:
     out = Outputs(args.out, formats)
     n_settings = sum(len(c.groups) for c in contexts)
     print(f"{len(runs)} run(s), {n_settings} setting(s), {len(contexts)} context(s) from {', '.join(args.results)}")
+    if bench_csv and not args.bench and not csvs:
+        print(f"compression benchmark (Table 3): {_rel(bench_csv)} (found by itself; --bench picks another)")
     for ctx in contexts:
         print(f"  {ctx.title}: target {ctx.target if ctx.target is not None else 'none'}; "
               + ", ".join(f"{g.label}" + (f" x{g.n}" if g.n > 1 else "") for g in ctx.groups))

@@ -302,7 +302,7 @@ def static_table(contexts: list[Context], reference: str) -> tuple[str, list[dic
 # ----------------------------------------------------------------------------------------------
 # direct vs multi-level compression (paper Table 3)
 
-MULTILEVEL_COLUMNS = ["model", "compressor", "cf", "direct_s", "multilevel_s", "speedup"]
+MULTILEVEL_COLUMNS = ["model", "compressor", "label", "cf", "direct_s", "multilevel_s", "speedup", "device", "threads"]
 
 
 def multilevel_table(rows: list[dict], source: str) -> str:
@@ -311,7 +311,7 @@ def multilevel_table(rows: list[dict], source: str) -> str:
     second = all("recompress_s" in r for r in rows)
     md_rows = []
     for r in rows:
-        row = [str(r["model"]), str(r["compressor"]), f"{r['cf']:g}x" if isinstance(r["cf"], float) else str(r["cf"]),
+        row = [str(r["model"]), str(r.get("label") or r["compressor"]), f"{r['cf']:g}x" if isinstance(r["cf"], float) else str(r["cf"]),
                fmt_num(r["direct_s"] * 1e3), fmt_num(r["multilevel_s"] * 1e3), speed(r["direct_s"], r["multilevel_s"])]
         if second:
             row += [fmt_num(r["high_s"] * 1e3), fmt_num(r["recompress_s"] * 1e3), speed(r["high_s"], r["recompress_s"])]
@@ -324,5 +324,6 @@ def multilevel_table(rows: list[dict], source: str) -> str:
         head += ["C(g, final CF) (ms)", "Recompress (ms)", "Second level speedup"]
         text += (" The last three columns compare the second level alone: compressing the full gradient to "
                  "the final CF vs recompressing the first level's payload.")
-    return (f"# Direct vs multi-level compression (paper Table 3)\n\nFrom `{source}`. {text}\n\n"
+    where = rows[0].get("device", "CPU") + (f", {rows[0]['threads']} torch threads" if rows[0].get("threads") else "")
+    return (f"# Direct vs multi-level compression (paper Table 3)\n\nFrom `{source}`, timed on {where}. {text}\n\n"
             + md_table(head, md_rows) + "\n")

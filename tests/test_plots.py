@@ -358,3 +358,146 @@ def test_reads_the_compression_benchmarks_own_csv(tmp_path):
     rows = multilevel_rows(str(out))
     assert {r["compressor"] for r in rows} >= {"topk", "dgc", "redsync", "randomk"}
     assert all(r["direct_s"] > 0 and r["multilevel_s"] > 0 and r["recompress_s"] > 0 for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# figure styling, asserted on the matplotlib objects (issue 20)
+
+def _context(tmp_path, runs):
+    """The one context of hand-made runs [(name, method, compressor, cf, floats, metrics[, write_run kwargs])]."""
+    from plots.load import find_runs, load_run
+    from plots.settings import build_contexts
+    exp = tmp_path / "runs"
+    for name, method, comp, cf, floats, metrics, *kw in runs:
+        write_run(exp, name, method, comp, cf, floats, metrics, 0.5, 0.4, **(kw[0] if kw else {}))
+    (ctx,) = build_contexts([load_run(d) for d in find_runs([str(exp)])[0]])
+    return ctx
+
+
+def _series_lines(fig):
+    """The lines drawn for settings (labelled), not target lines or target-reached dots."""
+    return [ln for ax in fig.axes for ln in ax.lines if not ln.get_label().startswith("_")]
+
+
+def _style(line) -> tuple:
+    """What tells a line apart. Any dash pattern reads "--" here, so distinct styles must differ in
+    more than their dash pattern: stricter than the eye."""
+    from matplotlib.colors import to_hex
+    return to_hex(line.get_color()), line.get_linestyle(), line.get_marker(), line.get_fillstyle()
+
+
+IDENTICAL = [("dense", "dense", "none", 100.0, [1000.0] * 10, [.2, .4, .6, .8, .85]),
+             ("gravac", "gravac", "dgc", 100.0, [1000.0] * 10, [.2, .4, .6, .8, .85]),   # never compressed
+             ("topk10", "static", "topk", 10.0, [100.0] * 10, [.1, .3, .5, .6, .7]),
+             ("randomk10", "static", "randomk", 10.0, [100.0] * 10, [.1, .2, .3, .4, .5])]
+
+
+@pytest.mark.parametrize("which", ["floats_cumulative", "metric_vs_iterations"])
+def test_identical_curves_stay_visible_and_say_so(tmp_path, which):
+    from plots import figures
+    ctx = _context(tmp_path, IDENTICAL)
+    fig = (figures.cumulative_figure(ctx) if which == "floats_cumulative" else figures.metric_vs_steps_figure(ctx))
+    lines = {ln.get_label().split("\n")[0]: ln for ln in _series_lines(fig)}
+    gravac = lines["GraVAC ε=0.7 (dgc)"]
+    assert "identical to" in gravac.get_label() and "Dense" in gravac.get_label()
+    assert _style(gravac) != _style(lines["Dense"])
+    assert gravac.get_fillstyle() == "none" and gravac.get_markersize() > lines["Dense"].get_markersize()
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(t.startswith("GraVAC ε=0.7 (dgc)\n(identical to Dense)") for t in legend)
+    assert not any("identical" in t for t in legend if t.startswith(("Dense", "Top-k")))
+    if which == "floats_cumulative":     # same floats sent, different accuracy: only here identical
+        assert "identical to Top-k 10x" in lines["Random-k 10x"].get_label()
+    else:
+        assert "identical" not in lines["Random-k 10x"].get_label()
+    styles = [_style(ln) for ln in _series_lines(fig)]
+    assert len(set(styles)) == len(styles) == 4
+
+
+def test_every_setting_of_a_context_has_its_own_style(tmp_path):
+    """Five GraVAC settings (more than its colour family) and eleven Top-k CFs, sixteen settings
+    (more than the marker list) in one figure: no two share colour, dash and marker."""
+    from plots import figures
+    runs = [(f"topk{cf:g}", "static", "topk", cf, [1000.0 / cf] * 10, [.1 + cf / 1e4] * 5)
+            for cf in (2, 4, 8, 10, 16, 32, 64, 100, 128, 256, 512)]
+    runs += [(f"gravac{e}", "gravac", "dgc", 100.0, [10.0 + e] * 10, [.2 + e / 10] * 5, dict(epsilon=e))
+             for e in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    ctx = _context(tmp_path, runs)
+    for fig in (figures.cumulative_figure(ctx), figures.metric_vs_steps_figure(ctx)):
+        styles = [_style(ln) for ln in _series_lines(fig)]
+        assert len(styles) == 16 and len(set(styles)) == 16
+
+
+def test_x_axes_start_at_a_zero_tick(tmp_path):
+    from plots import figures
+    ctx = _context(tmp_path, IDENTICAL)
+    figs = [figures.cumulative_figure(ctx), figures.metric_vs_steps_figure(ctx),
+            figures.time_to_accuracy_figure(ctx, "model"), figures.time_to_accuracy_figure(ctx, "step_wall_s")]
+    for fig in figs:
+        ax = fig.axes[0]
+        assert ax.get_xlim()[0] == 0 and 0 in ax.get_xticks(), ax.get_xlabel()
+
+
+def test_cf_figure_puts_the_metric_on_its_own_axes(tmp_path):
+    """The metric is not drawn on (a twin of) the CF axes: its own panel, own y label and ticks."""
+    from plots import figures
+    ctx = _context(tmp_path, [("accordion", "accordion", "randomk", 100.0, [600.0] * 5 + [1.0] * 5,
+                               [.1, .2, .3, .5, .6])])
+    fig = figures.cf_figure(ctx, ctx.groups[0])
+    cf_ax = next(ax for ax in fig.axes if ax.get_ylabel().startswith("Compression factor"))
+    metric_ax = next(ax for ax in fig.axes if ax.get_ylabel() == "Top-1 accuracy (%)")
+    assert metric_ax is not cf_ax and len(fig.axes) == 2
+    assert not metric_ax.get_shared_y_axes().joined(metric_ax, cf_ax)
+    assert cf_ax.get_position().y0 > metric_ax.get_position().y1 - 1e-6    # stacked, not overlaid
+    metric_line = next(ln for ln in metric_ax.lines if ln.get_marker() == "o")
+    assert list(metric_line.get_ydata()) == pytest.approx([10, 20, 30, 50, 60])
+    assert all(ln.get_ydata().max() > 1 for ln in cf_ax.lines)             # CF lines only on the CF axes
+    assert metric_ax.get_yscale() == "linear" and cf_ax.get_yscale() == "log"
+
+
+def test_multilevel_figure_names_compressors_as_elsewhere_and_says_cpu(tmp_path):
+    from plots import figures
+    from plots.bench import multilevel_rows
+    csv_path = tmp_path / "cb.csv"
+    csv_path.write_text("kind,size,compressor,cf,threads,direct_s,multilevel_s\n"
+                        "multilevel,vgg16,topk,1000,2,0.5,0.4\nmultilevel,vgg16,randomk,1000,2,0.2,0.3\n"
+                        "multilevel,vgg16,topk_torch,1000,2,2.0,1.0\n")
+    rows = multilevel_rows(str(csv_path))
+    assert [r["label"] for r in rows] == ["Top-k", "Random-k", "Top-k (torch)"]
+    fig = figures.multilevel_figure(rows)
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert ticks == ["Top-k", "Random-k", "Top-k\n(torch)"]
+    assert "timed on a CPU (2 threads)" in fig._suptitle.get_text().replace("\n", " ")
+
+
+def test_finds_results_compress_bench_csv_without_a_flag(tmp_path, monkeypatch, capsys):
+    """`plots/paper.py results/runs/<experiment>` finds results/compress_bench.csv; --bench still wins."""
+    results = tmp_path / "results"
+    write_run(results / "runs" / "exp", "dense", "dense", "none", 100.0, [1000.0] * 10, [.2, .4, .6, .8, .85],
+              1.0, 0.5)
+    (results / "compress_bench.csv").write_text("model,compressor,cf,mode,median_s\n"
+                                                "vgg16,topk,1000,direct,0.030\nvgg16,topk,1000,multilevel,0.015\n")
+    other = tmp_path / "other.csv"
+    other.write_text("model,compressor,cf,mode,median_s\nlstm,dgc,1000,direct,0.04\nlstm,dgc,1000,multilevel,0.01\n")
+    monkeypatch.chdir(tmp_path)
+    assert main([str(results / "runs" / "exp"), "--out", "o1", "--formats", "png"]) == 0
+    assert "results/compress_bench.csv (found by itself" in capsys.readouterr().out
+    assert [r["model"] for r in read_csv(tmp_path / "o1" / "multilevel.csv")] == ["vgg16"]
+    assert main([str(results / "runs" / "exp"), "--out", "o2", "--formats", "png", "--bench", str(other)]) == 0
+    assert [r["model"] for r in read_csv(tmp_path / "o2" / "multilevel.csv")] == ["lstm"]
+    write_run(tmp_path / "elsewhere", "dense", "dense", "none", 100.0, [1000.0] * 10, [.2] * 5, 1.0, 0.5)
+    assert main([str(tmp_path / "elsewhere"), "--out", "o3", "--formats", "png"]) == 0   # default under cwd
+    assert (tmp_path / "o3" / "multilevel.csv").exists()
+
+
+def test_perplexity_axis_over_a_decade_has_several_labels(tmp_path):
+    """Perplexity 2500 -> 250 spans one decade and a bit: besides the lone major "1000", the 2-3-5
+    minor ticks are labelled."""
+    from plots import figures
+    lm = dict(model="lstm_mini", metric="perplexity", target=300.0)
+    ctx = _context(tmp_path, [("dense", "dense", "none", 100.0, [1000.0] * 10, [2500, 1200, 700, 400, 250], lm)])
+    fig = figures.metric_vs_steps_figure(ctx)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    shown = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)
+             if t.get_text() and ax.get_ylim()[0] <= t.get_position()[1] <= ax.get_ylim()[1]]
+    assert {"300", "500", "1000", "2000"} <= set(shown)
