@@ -112,3 +112,24 @@ def test_real_accordion_runs_explain_both_outcomes(tmp_path):
                                           "train.steps=20"])
     assert s["explanation"].startswith("Accordion ran 1000x on some layers at 4 of 20 steps (from step 16, epoch 2.0)")
 
+
+def readme_example(method: str) -> list[str]:
+    """The arguments of README.md's `python bench/run.py method=<method> ...` example line."""
+    import shlex
+    for line in (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines():
+        if line.startswith(f"python bench/run.py method={method} "):
+            return shlex.split(line, comments=True)[2:]
+    raise AssertionError(f"README.md has no `python bench/run.py method={method} ...` example")
+
+
+def test_the_readme_gravac_example_compresses(tmp_path):
+    # the README's command, only shorter: GraVAC compresses from about step 25 on (the code gain's
+    # 25-step window fills first), so 40 steps show it
+    args = readme_example("gravac")
+    r = run_cli([*args, "train.steps=40", "cluster.threads=1", "logger.progress=false",
+                 f"experiment.results_root={tmp_path}"], timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = [p for p in tmp_path.glob("*/*") if p.is_dir()]
+    levels = [json.loads(line)["level"] for line in (run / "steps.jsonl").read_text().splitlines()]
+    assert len(levels) == 40 and any(lv != "dense" for lv in levels), levels
+    assert "GraVAC compressed" in r.stdout
