@@ -22,6 +22,7 @@ from gravac.evaluate import Evaluator
 from gravac.heartbeat import beat
 from gravac.methods import RunStats, StepContext, build_method
 from gravac.models import build_model, count_parameters
+from gravac.scale import paper_warning
 from gravac.schema import RunConfig, TrainCfg
 from gravac.summary import Summary
 from gravac.workers import Workers
@@ -146,6 +147,9 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
     workers, method, opt, summary = parts.workers, parts.method, parts.opt, parts.summary
     net = group.net
     start = start_step(cfg, parts, net, ckpt, writer, say)
+    prof = parts.clock.profile        # this process runs its local workers one after another
+    for line in paper_warning(cfg, len(group.local_ranks) * prof.compute_s + prof.optimizer_s, parts.total - start):
+        say(line)
 
     def save(step: int) -> None:
         if ckpt is not None:
