@@ -160,8 +160,8 @@ def same_run_line(run: RunConfig, job: tuple[int, list[str]], earlier: tuple[int
     why = "the same resolved config"
     if differ and all(f"{k}.".startswith(ignored) or k.startswith(ignored) for k in differ):
         why = f"{run.method.name} ignores {', '.join(differ)}"
-    shown = lambda d: " ".join(f"{k}={d.get(k, '(unset)')}" for k in differ)  # noqa: E731
-    return f"skipped job #{job[0]} ({shown(a)}): identical to job #{earlier[0]} ({shown(b)}); {why}"
+    shown = [" ".join(f"{k}={d.get(k, '(unset)')}" for k in differ) for d in (a, b)]
+    return f"skipped job #{job[0]} ({shown[0]}): identical to job #{earlier[0]} ({shown[1]}); {why}"
 
 
 def get(run: RunConfig, key: str) -> Any:
