@@ -13,13 +13,26 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from gravac.config import (ConfigError, build_config, check_composition, check_overrides, help_text,  # noqa: E402
-                           register_base)
+                           register_base, same_run_line, sweep_key)
 from gravac.errors import Interrupted, UserError  # noqa: E402
 
 CONF_DIR = os.path.join(ROOT, "conf")
 
 
 FAILED: list[str] = []   # jobs of a sweep that failed; the sweep goes on and exits non-zero
+DONE: dict[str, tuple[int, list[str]]] = {}   # sweep: sweep_key of each job run -> (job number, overrides)
+
+
+def repeats_earlier_job(run_cfg, num: int, overrides: list[str]) -> bool:
+    """In a sweep, a job that is the same run as an earlier job (e.g. method=dense with another
+    compressor) says so in one line and is skipped, leaving no results folder; it would repeat
+    the earlier job's results, or its failure."""
+    key = sweep_key(run_cfg)
+    if key not in DONE:
+        DONE[key] = (num, overrides)
+        return False
+    print(same_run_line(run_cfg, (num, overrides), DONE[key]))
+    return True
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -31,6 +44,8 @@ def main(cfg: DictConfig) -> None:
     sweep = hc.mode == RunMode.MULTIRUN
     try:
         run_cfg = build_config(cfg, overrides=list(hc.overrides.task))
+        if sweep and repeats_earlier_job(run_cfg, hc.job.num, list(hc.overrides.task)):
+            return
         from gravac.launch import launch
         launch(run_cfg, overrides=list(hc.overrides.task))
         return

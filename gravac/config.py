@@ -138,6 +138,32 @@ def saved_config(run: RunConfig) -> dict:
     return {**dataclasses.asdict(run), "setting": method_class(run.method.name).describe(run.method, run.compressor)}
 
 
+def sweep_key(run: RunConfig) -> str:
+    """What makes two jobs of a sweep the same run: the resolved config without the keys its method
+    declares it ignores (`Method.ignores`: dense ignores compressor.*, adaptive methods
+    compressor.cf), as text."""
+    import json
+    ignored = tuple(method_class(run.method.name).ignores(run.method, run.compressor))
+
+    def keep(node: dict, prefix: str = "") -> dict:
+        return {k: keep(v, f"{prefix}{k}.") if isinstance(v, dict) else v
+                for k, v in node.items() if not f"{prefix}{k}.".startswith(ignored) and f"{prefix}{k}" not in ignored}
+    return json.dumps(keep(dataclasses.asdict(run)), sort_keys=True, default=str)
+
+
+def same_run_line(run: RunConfig, job: tuple[int, list[str]], earlier: tuple[int, list[str]]) -> str:
+    """The line saying sweep job (number, overrides) repeats `earlier`, a job with the same
+    sweep_key, naming the overrides in which they differ and why those do not matter."""
+    a, b = (dict(o.lstrip("+~").split("=", 1) for o in x[1] if "=" in o) for x in (job, earlier))
+    differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    ignored = tuple(method_class(run.method.name).ignores(run.method, run.compressor))
+    why = "the same resolved config"
+    if differ and all(f"{k}.".startswith(ignored) or k.startswith(ignored) for k in differ):
+        why = f"{run.method.name} ignores {', '.join(differ)}"
+    shown = [" ".join(f"{k}={d.get(k, '(unset)')}" for k in differ) for d in (a, b)]
+    return f"skipped job #{job[0]} ({shown[0]}): identical to job #{earlier[0]} ({shown[1]}); {why}"
+
+
 def get(run: RunConfig, key: str) -> Any:
     """Read a dotted key such as 'train.lr' from a RunConfig."""
     obj: Any = run

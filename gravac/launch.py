@@ -117,6 +117,8 @@ def _report(s: dict, run_dir: str) -> None:
     print(f"done: {s['steps']} steps, final {s['metric']} {fmt(s['final_metric'])} (best {fmt(s['best_metric'])}), "
           f"floats sent/worker {s['floats_sent']:.4g}, wire {s['wire_bytes'] / 1e6:.4g} MB/worker, "
           f"modelled {s['model_s']:.1f} s, wall {s['wall_s']:.1f} s")
+    if s.get("explanation"):
+        print(s["explanation"])
     print(f"results: {run_dir}")
 
 

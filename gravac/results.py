@@ -137,6 +137,11 @@ class RunWriter:
         torch.save(state, tmp)
         os.replace(tmp, os.path.join(self.dir, "model.pt"))
 
+    def records(self) -> list[dict]:
+        """Every step record of the run so far (steps.jsonl), for the method's closing explanation."""
+        self._steps.flush()
+        return read_jsonl(os.path.join(self.dir, "steps.jsonl"))
+
     def summary(self, summary: dict) -> None:
         atomic_write(os.path.join(self.dir, "summary.json"), json.dumps(_clean(summary), indent=2) + "\n")
 
@@ -155,6 +160,7 @@ class NullWriter:
     def step(self, record: dict) -> None: ...
     def ready(self, record: dict) -> None: ...
     def truncate(self, step: int) -> None: ...
+    def records(self) -> list[dict]: return []
     def save_model(self, state: dict) -> None: ...
     def eval(self, record: dict) -> None: ...
     def summary(self, summary: dict) -> None: ...

@@ -32,6 +32,7 @@ class Summary:
         self.final = self.best = None
         self.target_hit: dict | None = None
         self.error: str | None = None
+        self.explanation: str | None = None    # the method's closing line (Method.explain)
         self.cf_hist: dict[str, int] = {}
         from gravac.config import method_class
         self.setting = method_class(cfg.method.name).describe(cfg.method, cfg.compressor)
@@ -48,7 +49,7 @@ class Summary:
 
     def state_dict(self) -> dict:
         """Counters to carry over a checkpoint (configuration and clocks are rebuilt)."""
-        skip = {"cfg", "net", "t0", "elapsed_before", "setting", "clock", "total_steps"}  # total: this command's
+        skip = {"cfg", "net", "t0", "elapsed_before", "setting", "clock", "total_steps", "explanation"}  # total: this command's
         state = {k: v for k, v in vars(self).items() if k not in skip}
         state["elapsed_s"] = self.wall_s()
         return state
@@ -109,4 +110,5 @@ class Summary:
             "clock": self.clock.describe() if self.clock is not None else None,
             "cf_histogram": self.cf_hist,
             "target_reached": self.target_hit,
+            "explanation": self.explanation,
         }

@@ -20,8 +20,9 @@ from gravac.data import load_dataset
 from gravac.errors import DivergedError, Interrupted, UserError
 from gravac.evaluate import Evaluator
 from gravac.heartbeat import beat
-from gravac.methods import StepContext, build_method
+from gravac.methods import RunStats, StepContext, build_method
 from gravac.models import build_model, count_parameters
+from gravac.scale import paper_warning
 from gravac.schema import RunConfig, TrainCfg
 from gravac.summary import Summary
 from gravac.workers import Workers
@@ -114,6 +115,12 @@ def start_step(cfg: RunConfig, parts: Parts, net, ckpt: Checkpointer | None, wri
     return 0
 
 
+def explain(method, writer, spe: int) -> str | None:
+    """The method's one-line account of what it did over the whole run (on the writing process)."""
+    records = writer.records()
+    return method.explain(RunStats(records, spe)) if records else None
+
+
 class Cadence:
     """What happens after a step besides the record: evaluations and checkpoints, on schedule."""
 
@@ -140,6 +147,9 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
     workers, method, opt, summary = parts.workers, parts.method, parts.opt, parts.summary
     net = group.net
     start = start_step(cfg, parts, net, ckpt, writer, say)
+    prof = parts.clock.profile        # this process runs its local workers one after another
+    for line in paper_warning(cfg, len(group.local_ranks) * prof.compute_s + prof.optimizer_s, parts.total - start):
+        say(line)
 
     def save(step: int) -> None:
         if ckpt is not None:
@@ -186,6 +196,7 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
                     save(step + 1)
                     raise Interrupted(f"interrupted at step {step + 1}; checkpoint saved. Resume with:\n  {resume_cmd}")
         status = "completed"
+        summary.explanation = explain(method, writer, parts.spe)
         writer.save_model(parts.model.state_dict())
     except DivergedError as e:
         status = "diverged"

@@ -151,3 +151,36 @@ def test_multirun_sweep_runs_every_job_and_reports_failures(tmp_path):
     assert len(runs) == 2 and any("-dense-" in n for n in runs) and any("-gravac-" in n for n in runs)
     for run in tmp_path.glob("default/2*"):
         assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+
+
+def test_multirun_skips_jobs_identical_to_an_earlier_one(tmp_path):
+    # dense ignores the compressor (Dense.ignores: "compressor."), gravac ignores compressor.cf
+    r = run_cli(["-m", "method=dense,gravac", "compressor=topk,dgc", "compressor.cf=10,100", "train.steps=2",
+                 "cluster.threads=1", *SMALL, f"experiment.results_root={tmp_path}"], timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    skipped = [line for line in r.stdout.splitlines() if line.startswith("skipped job #")]
+    assert skipped == [
+        "skipped job #1 (compressor.cf=100): identical to job #0 (compressor.cf=10); dense ignores compressor.cf",
+        "skipped job #2 (compressor=dgc): identical to job #0 (compressor=topk); dense ignores compressor",
+        "skipped job #3 (compressor=dgc compressor.cf=100): identical to job #0 (compressor=topk compressor.cf=10); "
+        "dense ignores compressor, compressor.cf",
+        "skipped job #5 (compressor.cf=100): identical to job #4 (compressor.cf=10); gravac ignores compressor.cf",
+        "skipped job #7 (compressor.cf=100): identical to job #6 (compressor.cf=10); gravac ignores compressor.cf"]
+    runs = sorted(p.name for p in tmp_path.glob("default/*") if p.is_dir() and not p.name.startswith("."))
+    assert len(runs) == 3, runs          # no folder, not even a failed one, for a skipped job
+    assert sum("-dense-" in n for n in runs) == 1 and sum("-gravac-topk-" in n for n in runs) == 1
+    for run in tmp_path.glob("default/2*"):
+        assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+
+
+def test_sweep_key_sets_aside_only_what_the_method_ignores():
+    from conftest import make_run
+    from gravac.config import sweep_key
+
+    def key(method, **comp):
+        return sweep_key(make_run(method=dict(name=method), compressor=comp))
+    assert key("static", name="topk", cf=10) != key("static", name="topk", cf=100)     # static uses its CF
+    assert key("static", name="topk", cf=10) != key("static", name="dgc", cf=10)
+    assert key("gravac", name="dgc", cf=10) == key("gravac", name="dgc", cf=100)
+    assert key("gravac", name="dgc", cf=10) != key("gravac", name="topk", cf=10)       # but not its compressor
+    assert key("dense", name="topk", cf=10) == key("dense", name="dgc", cf=100)

@@ -2,7 +2,7 @@
 `build_method` builds the configured one."""
 from __future__ import annotations
 
-from gravac.methods.base import (METHODS, CompressingMethod, Method, MethodEnv, StepContext, StepResult,
+from gravac.methods.base import (METHODS, CompressingMethod, Method, MethodEnv, RunStats, StepContext, StepResult,
                                  build_method)
 
-__all__ = ["METHODS", "Method", "CompressingMethod", "MethodEnv", "StepContext", "StepResult", "build_method"]
+__all__ = ["METHODS", "Method", "CompressingMethod", "MethodEnv", "RunStats", "StepContext", "StepResult", "build_method"]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from compressors.registry import option
-from gravac.methods.base import METHODS, CompressingMethod, StepContext, StepResult
+from gravac.methods.base import METHODS, CompressingMethod, RunStats, StepContext, StepResult
 from gravac.schema import MethodCfg
 
 
@@ -154,6 +154,39 @@ class Accordion(CompressingMethod):
         if not self.local:
             self._accumulate(res.grad)
         return res
+
+    # --- the end of a run ---------------------------------------------------------------------
+    def explain(self, stats: RunStats) -> str | None:
+        """Which regimes Accordion ran; when it never left low compression, why (no regime
+        comparison within the run, or every comparison found a critical regime)."""
+        recs = [r for r in stats.records if "cf_low_layers" in r]
+        if not recs:
+            return None
+        high = [r for r in recs if r["cf_low_layers"] < len(self.bounds)]
+        if high:
+            return (f"Accordion ran {self.cf_high:g}x on some layers at {len(high)} of {len(recs)} steps (from step "
+                    f"{high[0]['step']}, epoch {high[0]['epoch']:.1f}) and {self.cf_low:g}x on all layers otherwise, "
+                    f"{stats.fewer_than_dense(self.numel):.1f}x fewer floats than dense")
+        return f"Accordion ran {self.cf_low:g}x on all layers for all {len(recs)} steps: " + self._why_low(recs, stats)
+
+    def _why_low(self, recs: list[dict], stats: RunStats) -> str:
+        """Why no layer ever went to cf_high, and what would change it."""
+        checks = [r["accordion_decision"] for r in recs if "check" in r.get("accordion_decision", {}).get("reason", "")
+                  and r["accordion_decision"]["epoch"] >= self.freq]
+        if not checks:
+            return (f"its first regime comparison is at the end of epoch {self.freq} (method.switch_freq) and the run "
+                    f"is {stats.epochs:.1f} epochs; " + self._shorter(stats))
+        ratios = [x for d in checks for x in d.get("ratios") or [] if x is not None]
+        shown = f" (smallest change {min(ratios):.2f})" if ratios else ""
+        tip = f"method.eta={math.floor(min(ratios) * 10) / 10 + 0.1:g}" if ratios else "a larger method.eta"
+        return (f"each of its {len(checks)} regime comparisons found every layer's gradient norm changed by >= eta "
+                f"{self.eta:g}{shown}, a critical regime; try {tip} or a longer run")
+
+    def _shorter(self, stats: RunStats) -> str:
+        """How to get a regime comparison into a run of this length."""
+        if stats.steps > 2 * stats.steps_per_epoch:      # the check after epoch 1 runs at step 2·spe
+            return "try method.switch_freq=1 (a comparison every epoch) or a longer run"
+        return "try method.switch_freq=1 with a run of at least 3 epochs (train.epochs=3)"
 
     # --- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:

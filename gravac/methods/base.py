@@ -61,6 +61,31 @@ class StepResult:
 
 
 @dataclass
+class RunStats:
+    """What a finished run did, for `Method.explain`: its step records (steps.jsonl, every step of
+    the run, resumed segments included) and the steps per epoch."""
+    records: list[dict]
+    steps_per_epoch: int
+
+    @property
+    def steps(self) -> int:
+        return len(self.records)
+
+    @property
+    def epochs(self) -> float:
+        return self.steps / self.steps_per_epoch if self.steps_per_epoch else 0.0
+
+    @property
+    def floats(self) -> float:
+        """Floats one worker sent over the run."""
+        return sum(r["floats_sent"] for r in self.records)
+
+    def fewer_than_dense(self, numel: int) -> float:
+        """How many times fewer floats the run sent than dense all-reduces of `numel` would."""
+        return self.steps * numel / self.floats if self.floats else float("inf")
+
+
+@dataclass
 class MethodEnv:
     """What a method is built with besides its own config sections."""
     group: Group
@@ -97,6 +122,12 @@ class Method:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+    def explain(self, stats: RunStats) -> str | None:
+        """One line, printed at the end of a run and kept in summary.json, saying what an adaptive
+        method did and why (from the run's records), so a run that never adapted says how to make
+        it; None (the default) for methods with nothing to explain."""
+        return None
 
     def step_seed(self, step: int, level: int = 0, rank: int = 0) -> int:
         """Seed for a compressor's randomness: shared by all workers unless `rank` differs."""

@@ -57,7 +57,8 @@ import torch
 from compressors import Payload
 from compressors.registry import option
 from gravac.gains import CodeGain, layer_norm_sum, payload_layer_norm_sum, segment_bounds
-from gravac.methods.base import METHODS, CompressingMethod, Compressed, StepContext, StepResult, raise_diverged
+from gravac.methods.base import (METHODS, CompressingMethod, Compressed, RunStats, StepContext, StepResult,
+                                 raise_diverged)
 from gravac.schema import MethodCfg
 
 
@@ -372,6 +373,28 @@ class GraVAC(CompressingMethod):
         comm_s = res.comm.modelled_s if self.model_time else res.comm.measured_s
         self.t_prev = [ctx.compute_s + dt + comm_s for dt in times]
         return res
+
+    def explain(self, stats: RunStats) -> str | None:
+        """What GraVAC sent over the run; when it never compressed, why: the smoothed gain at
+        cf_min stayed below epsilon (which settings would let it compress)."""
+        recs = [r for r in stats.records if "level" in r]
+        if not recs:
+            return None
+        sent = [r["cf_min"] if r["level"] == "min" else r["cf_c"] for r in recs if r["level"] != "dense"]
+        if sent:
+            return (f"GraVAC compressed {len(sent)} of {len(recs)} steps, CFs {min(sent):g}x-{max(sent):g}x (ending "
+                    f"at {sent[-1]:g}x), {stats.fewer_than_dense(self.numel):.1f}x fewer floats than dense")
+        gains = [r["delta_min"] for r in recs]
+        return (f"GraVAC sent dense at all {len(recs)} steps: the smoothed {self.cfg.gain} gain at cf_min "
+                f"{recs[-1]['cf_min']:g}x was {min(gains):.2f}-{max(gains):.2f} < epsilon {self.cfg.epsilon:g}; "
+                + self._advice(min(gains)))
+
+    def _advice(self, low_gain: float) -> str:
+        """Settings that would have let a run whose gains stayed below epsilon compress."""
+        tips = [f"method.epsilon={math.floor(low_gain * 10) / 10:g}" if low_gain >= 0.1 else "a lower method.epsilon"]
+        tips += ["method.gain=code"] if self.cfg.gain == "paper" else []
+        tips += [f"a lower method.cf_min (now {self.cfg.cf_min:g})"] if self.cfg.cf_min > 1 else []
+        return "try " + " or ".join(tips)
 
     def _record(self, d: Decision) -> dict:
         """GraVAC's per-step record fields."""

@@ -85,5 +85,6 @@ class LSTMMiniCfg(LSTMCfg):
     dropout: float = option(0.2, check=lambda v: 0 <= v < 1, valid="in [0, 1)")
 
 
-MODELS.register("lstm", LSTMCfg, task="lm", doc="the paper's 2-layer LSTM language model (66M parameters on PTB)")(_build)
+MODELS.register("lstm", LSTMCfg, task="lm", doc="the paper's 2-layer LSTM language model (66M parameters on PTB)",
+                paper=dict(workers=32, batch_size=20, lr=0.1, device="cuda"), cpu_preset="experiment=mini_lstm")(_build)
 MODELS.register("lstm_mini", LSTMMiniCfg, task="lm", doc="a CPU-sized 2-layer LSTM language model")(_build)
