@@ -49,8 +49,8 @@ def main(cfg: DictConfig) -> None:
         from gravac.launch import launch
         launch(run_cfg, overrides=list(hc.overrides.task))
         return
-    except Interrupted as e:
-        print(f"error: {e}", file=sys.stderr)
+    except Interrupted as e:   # a stop the user asked for: a hint, not an error
+        print(e.hint(), file=sys.stderr)
         sys.exit(130)  # a Ctrl-C ends the whole sweep
     except (ConfigError, UserError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -58,7 +58,7 @@ def main(cfg: DictConfig) -> None:
             sys.exit(2)
         FAILED.append(" ".join(hc.overrides.task))
     except KeyboardInterrupt:
-        print("error: interrupted before the first step; nothing to resume", file=sys.stderr)
+        print("interrupted before the first step; nothing to resume", file=sys.stderr)
         sys.exit(130)
 
 

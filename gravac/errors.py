@@ -14,4 +14,14 @@ class WorkerFailed(UserError):
 
 
 class Interrupted(UserError):
-    """The run was stopped by SIGINT/SIGTERM at a step boundary and checkpointed."""
+    """The run was stopped by SIGINT/SIGTERM at a step boundary and checkpointed; `resume` is the
+    full command that continues it ("" when there is nothing to resume)."""
+
+    def __init__(self, message: str, resume: str = ""):
+        super().__init__(message)
+        self.resume = resume
+
+    def hint(self) -> str:
+        """What the user reads: a stop is not an error, and the command goes on a line of its own
+        so that it can be copied whole."""
+        return f"{self}. Resume with:\n  {self.resume}" if self.resume else str(self)

@@ -81,6 +81,11 @@ def check_resume(cfg: RunConfig) -> str:
     return run_dir
 
 
+def resume_command(command: str, run_dir: str) -> str:
+    """The shell-quoted command that continues the run in `run_dir`."""
+    return f"{command} {shlex.quote('experiment.resume=' + run_dir)}"
+
+
 def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") -> dict:
     """Train with this process's workers; only the main process writes and prints."""
     from gravac.checkpoint import Checkpointer
@@ -89,7 +94,7 @@ def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") 
     writer = RunWriter(run_dir, config) if group.is_main else NullWriter()
     if group.is_main and not cfg.experiment.resume:
         atomic_write(os.path.join(run_dir, "command.txt"), command + "\n")
-    resume_cmd = f"{command} {shlex.quote('experiment.resume=' + run_dir)}"
+    resume_cmd = resume_command(command, run_dir)
 
     def tracker_factory(total, dir_):
         return Tracker(cfg.logger, total, config, dir_, enabled=group.is_main)
@@ -228,9 +233,7 @@ def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, comma
         # Skip interpreter teardown: a gloo thread destroyed there has, rarely, aborted a worker
         # whose run had completed ("terminate called without an active exception", exit -6).
         os._exit(0)
-    except Interrupted as e:
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr, flush=True)
+    except Interrupted:   # the launcher says so, once, from what rank 0 left in the summary
         sys.exit(130)
     except UserError as e:
         print(f"error: worker rank {rank}: {e}", file=sys.stderr, flush=True)
@@ -278,7 +281,7 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
             return
         rank, code = failed
         if code == 130:
-            raise Interrupted(f"interrupted; resume with: {command} {shlex.quote('experiment.resume=' + run_dir)}")
+            raise _interrupted(run_dir, command)
         silent = silent_rank(tmp, cfg.cluster.workers, rank)
         if silent is not None:
             why = (f"worker rank {silent[0]} stopped answering at step {max(0, silent[1]) // 2} (rank {rank} gave up "
@@ -287,6 +290,21 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
             why = f"worker rank {rank} failed (exit code {code}); its message is above"
         _mark_failed(run_dir, why, diagnosis=silent is not None)
         raise WorkerFailed(f"{why}; results so far are in {run_dir}")
+
+
+def _interrupted(run_dir: str, command: str) -> Interrupted:
+    """The stop the workers agreed on, as rank 0 recorded it (step and resume command); a stop
+    before the first checkpoint has nothing to resume."""
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        summary = {}
+    if summary.get("status") == "interrupted" and summary.get("resume_command"):
+        return Interrupted(summary["error"], summary["resume_command"])
+    if os.path.isfile(os.path.join(run_dir, "checkpoint", "latest")):
+        return Interrupted("interrupted", resume_command(command, run_dir))
+    return Interrupted("interrupted before the first checkpoint; nothing to resume")
 
 
 def _join(ctx) -> tuple[int, int] | None:

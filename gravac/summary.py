@@ -33,6 +33,7 @@ class Summary:
         self.target_hit: dict | None = None
         self.error: str | None = None
         self.explanation: str | None = None    # the method's closing line (Method.explain)
+        self.resume_command: str | None = None   # set when a stop checkpointed the run
         self.cf_hist: dict[str, int] = {}
         from gravac.config import method_class
         self.setting = method_class(cfg.method.name).describe(cfg.method, cfg.compressor)
@@ -49,7 +50,8 @@ class Summary:
 
     def state_dict(self) -> dict:
         """Counters to carry over a checkpoint (configuration and clocks are rebuilt)."""
-        skip = {"cfg", "net", "t0", "elapsed_before", "setting", "clock", "total_steps", "explanation"}  # total: this command's
+        skip = {"cfg", "net", "t0", "elapsed_before", "setting", "clock", "total_steps",  # total: this command's
+                "explanation", "resume_command"}
         state = {k: v for k, v in vars(self).items() if k not in skip}
         state["elapsed_s"] = self.wall_s()
         return state
@@ -94,7 +96,7 @@ class Summary:
         cf = None if "compressor.cf" in self.setting["ignores"] or "compressor." in self.setting["ignores"] \
             else c.compressor.cf
         return {
-            "status": status, "error": self.error,
+            "status": status, "error": self.error, "resume_command": self.resume_command,
             "method": c.method.name, "compressor": c.compressor.name, "cf": cf, "setting": self.setting,
             "model": c.model.name, "dataset": self.dataset_name, "parameters": self.params,
             "workers": c.cluster.workers, "backend": c.cluster.backend, "batch_size": c.train.batch_size,

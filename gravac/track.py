@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 
 from gravac.schema import LoggerCfg
 
@@ -16,6 +17,10 @@ class Tracker:
             return
         if cfg.progress:
             from tqdm import tqdm
+            # tqdm's default write lock includes a multiprocessing RLock, a named semaphore that a
+            # ddp worker leaving by os._exit never unregisters ("leaked semaphore" at the end of
+            # the run); one process draws the only bar, so a thread lock is all it needs
+            tqdm.set_lock(threading.RLock())
             tty = sys.stderr.isatty()
             self.bar = tqdm(total=total, unit="step", dynamic_ncols=True, mininterval=0.2 if tty else 10.0)
         if cfg.name == "wandb":

@@ -194,7 +194,7 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
                     # already drawn (loaders, RNG and BatchNorm moved on), so finish it and save at
                     # the next boundary: resuming from there is exact.
                     save(step + 1)
-                    raise Interrupted(f"interrupted at step {step + 1}; checkpoint saved. Resume with:\n  {resume_cmd}")
+                    raise Interrupted(f"interrupted at step {step + 1}; checkpoint saved", resume_cmd)
         status = "completed"
         summary.explanation = explain(method, writer, parts.spe)
         writer.save_model(parts.model.state_dict())
@@ -204,7 +204,7 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
         raise
     except Interrupted as e:
         status = "interrupted"
-        summary.error = str(e).splitlines()[0]
+        summary.error, summary.resume_command = str(e), e.resume
         raise
     except KeyboardInterrupt:
         status = "interrupted"

@@ -345,6 +345,19 @@ def load_run(path: str) -> Run:
     return run
 
 
+def load_runs(dirs: Iterable[str]) -> tuple[list[Run], list[str]]:
+    """The runs of `dirs` that recorded a step, and the folders of those that did not: a run that
+    failed or was stopped before its first step has nothing to draw and would only add an empty
+    context whose every figure is 'not made'."""
+    runs = [load_run(d) for d in dirs]
+    return [r for r in runs if r.steps], [r.path for r in runs if not r.steps]
+
+
+def skipped_line(folders: list[str]) -> str:
+    """The one line that names the runs `load_runs` left out."""
+    return f"skipped {len(folders)} run{'s' if len(folders) != 1 else ''} with no steps: {', '.join(folders)}"
+
+
 def _cross_check(run: Run) -> None:
     """Compare the cumulative sums of steps.jsonl with summary.json; note any disagreement."""
     s = run.summary

@@ -19,7 +19,7 @@ if __package__ in (None, ""):  # run as `python plots/paper.py`: make the repo i
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from plots import bench, figures, tables  # noqa: E402
-from plots.load import find_runs, load_run  # noqa: E402
+from plots.load import find_runs, load_runs, skipped_line  # noqa: E402
 from plots.settings import Context, build_contexts  # noqa: E402
 from plots.output import Outputs  # noqa: E402
 
@@ -192,7 +192,9 @@ def main(argv=None) -> int:
         return 2
     for m in missing:
         print(f"not found: {m}")
-    runs = [load_run(d) for d in run_dirs]
+    runs, no_steps = load_runs(run_dirs)
+    if no_steps:
+        print(skipped_line([_rel(p) for p in no_steps]))
     contexts = build_contexts(runs, args.target)
     figures.setup_style()
     formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())

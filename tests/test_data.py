@@ -282,6 +282,22 @@ def test_missing_ptb_is_a_clear_error(tmp_path, monkeypatch):
         load_dataset(dataset_cfg(name="ptb", root=str(tmp_path), download=True))
 
 
+@pytest.mark.parametrize("args", [["dataset=cifar10"], ["dataset=ptb", "model=lstm_mini", "dataset.download=true"]],
+                         ids=["cifar10", "ptb"])
+def test_a_missing_dataset_run_creates_no_data_folder(tmp_path, args):
+    """Issue 20: the failed download made ./data (torchvision creates its root first) and left it.
+    A proxy that refuses every connection keeps the test offline wherever it runs."""
+    from conftest import run_cli
+    cwd, cache = tmp_path / "cwd", tmp_path / "cache"
+    cwd.mkdir()
+    offline = {k: "http://127.0.0.1:9" for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}
+    r = run_cli([*args, "logger.progress=false", f"experiment.results_root={tmp_path / 'results'}"], cwd=cwd,
+                env={"GRAVAC_DATA_DIR": "", "GRAVAC_CACHE_DIR": str(cache), "no_proxy": "", "NO_PROXY": "", **offline})
+    assert r.returncode == 2 and "not found" in r.stderr and "download" in r.stderr, r.stderr[-2000:]
+    assert str(cwd / "data") in r.stderr                     # it did look in ./data
+    assert list(cwd.iterdir()) == [] and not cache.exists()
+
+
 @pytest.mark.parametrize("train,fragment", [
     (b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary", r"ptb\.train\.txt is not a text file \(byte \d+ is not UTF-8\)"),
     (b"the cat sat\n", r"ptb\.train\.txt holds no <unk> token \(4 words\): it is truncated"),

@@ -132,6 +132,16 @@ def test_ddp_worker_killed_stops_the_run(tmp_path):
     assert [s["step"] for s in _steps(run)] == [0, 1, 2]
 
 
+def test_a_ddp_run_with_its_progress_bar_leaks_no_semaphore(tmp_path):
+    """Issue 20: tqdm's multiprocessing write lock, made in rank 0 and never unregistered by its
+    os._exit, ended every ddp run with "resource_tracker: ... 1 leaked semaphore objects"."""
+    r, (run,) = _run(tmp_path, ["train.steps=3", "cluster=ddp", "cluster.workers=2", "cluster.threads=1",
+                                "logger.progress=true"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "3/3" in r.stderr             # the bar was drawn, so its lock existed
+    assert "leaked semaphore" not in r.stderr and "resource_tracker" not in r.stderr, r.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_ddp_hung_worker_times_out(tmp_path):
     t0 = time.time()

@@ -332,6 +332,27 @@ def test_summary_cross_check(tmp_path):
     assert "floats_sent=1" in notes and "10000" in notes and "step 4" in notes
 
 
+def test_a_run_that_failed_before_its_first_step_is_skipped_in_one_line(tmp_path, capsys):
+    """Issue 20: a run whose dataset was missing counted as a context of its own and every figure
+    of it was listed as 'not made'. Real runs: one tiny good run, one that fails to find CIFAR-10."""
+    from conftest import run_cli
+    root = tmp_path / "runs"
+    good = run_cli(["train.steps=4", "train.eval_every=2", "cluster.workers=2", "cluster.threads=1",
+                    "logger.progress=false", "dataset.image_size=8", "dataset.train_size=256", "dataset.test_size=64",
+                    "model.width=4", "experiment.run_id=good", f"experiment.results_root={root}"])
+    assert good.returncode == 0, good.stderr[-2000:]
+    (tmp_path / "no-data").mkdir()
+    bad = run_cli(["dataset=cifar10", "dataset.download=false", f"dataset.root={tmp_path / 'no-data'}",
+                   "logger.progress=false", "experiment.run_id=nodata", f"experiment.results_root={root}"])
+    failed = root / "default" / "nodata"
+    assert bad.returncode == 2 and json.loads((failed / "summary.json").read_text())["status"] == "failed"
+    assert main([str(root), "--out", str(tmp_path / "out"), "--formats", "png"]) == 0
+    text = capsys.readouterr().out
+    assert [x for x in text.splitlines() if "nodata" in x] == [f"skipped 1 run with no steps: {failed}"]
+    assert "1 run(s), 1 setting(s), 1 context(s)" in text and "cifar10" not in text
+    assert (tmp_path / "out" / "floats_cumulative.png").exists()      # one context: no per-context suffix
+
+
 def test_no_runs_is_one_line_and_nonzero(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     code = main([str(tmp_path / "empty"), "--out", str(tmp_path / "out")])

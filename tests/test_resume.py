@@ -107,8 +107,10 @@ def test_sigint_checkpoints_and_says_how_to_resume(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "experiment.resume=" in err and "Traceback" not in err
+    assert not [line for line in err.splitlines() if line.startswith("error:")], err   # a stop is no error
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "interrupted"
+    assert summary["resume_command"] == f"{(run / 'command.txt').read_text().strip()} experiment.resume={run}"
     assert (run / "checkpoint" / "latest").exists()
     steps = _records(run, "steps.jsonl")
     assert len(steps) == summary["steps"]
@@ -275,7 +277,9 @@ def _rdzv_folders() -> set[str]:
 def test_ddp_stop_then_resume_equals_uninterrupted(tmp_path, how):
     """Issue 21 cases 1 and 5 on ddp: the launcher forwards SIGTERM (a terminal's Ctrl-C reaches
     every worker itself), waits for the workers' checkpoint, exits 130, removes its rendezvous
-    folder; the resumed run equals an uninterrupted one."""
+    folder; the resumed run equals an uninterrupted one. Issue 20: the resume hint is said once,
+    not as an error, without torch's termination warning, and summary.json keeps the whole
+    command, which resumes the run as written."""
     args = [*ARGS, *GRAVAC, "cluster=ddp", "train.checkpoint_every=0", "train.steps=16"]
     ref = run_cli([*args, f"experiment.results_root={tmp_path / 'ref'}"])
     assert ref.returncode == 0, ref.stderr[-2000:]
@@ -287,12 +291,19 @@ def test_ddp_stop_then_resume_equals_uninterrupted(tmp_path, how):
         proc.send_signal(signal.SIGTERM)
     else:
         os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
-    assert "experiment.resume=" in err and "Traceback" not in err
-    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+    said = out + err
+    assert said.count("Resume with:") == 1 and said.count("experiment.resume=") == 1, said[-2000:]
+    assert not [line for line in said.splitlines() if line.startswith("error:")], said[-2000:]
+    assert "Traceback" not in said and "Terminating process" not in said
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and "Resume with" not in summary["error"]
+    assert summary["resume_command"] in said
+    assert summary["resume_command"].startswith((run / "command.txt").read_text().strip() + " ")
     assert not (_rdzv_folders() - before)
-    res = run_cli([*args, f"experiment.results_root={root}", f"experiment.resume={run}"])
+    res = subprocess.run(summary["resume_command"].replace("python", sys.executable, 1), shell=True, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     a, b = _records(_only_run(tmp_path / "ref"), "steps.jsonl"), _records(run, "steps.jsonl")
     assert [r["step"] for r in b] == list(range(16))

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from compressors.registry import option
 from gravac.data.base import ImageDataset
-from gravac.data.files import DataError, cached_arrays, fingerprint, resolve_cache_dir, resolve_root
+from gravac.data.files import (DataError, cached_arrays, fingerprint, resolve_cache_dir, resolve_root,
+                               undo_new_folders)
 from gravac.data.registry import DATASETS
 from gravac.schema import DatasetCfg
 
@@ -137,7 +138,8 @@ def _torchvision(cls, root: Path, download: bool, folder: str) -> dict[str, np.n
         socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # never hang forever on a dead network
         out = {}
         for split, train in (("train", True), ("test", False)):
-            d = cls(str(root), train=train, download=download and not present)
+            with undo_new_folders(root):   # torchvision makes `root` before it downloads
+                d = cls(str(root), train=train, download=download and not present)
             present = True
             out[f"{split}_x"], out[f"{split}_y"] = d.data, np.asarray(d.targets, dtype=np.int64)
         return out

@@ -5,7 +5,9 @@
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -33,6 +35,23 @@ def resolve_root(root: Optional[str]) -> Path:
     """The data root: `root` if given, else $GRAVAC_DATA_DIR, else ./data (absolute, ~ expanded)."""
     root = root or os.environ.get("GRAVAC_DATA_DIR") or "./data"
     return Path(os.path.expanduser(str(root))).resolve()
+
+
+@contextlib.contextmanager
+def undo_new_folders(path: Path):
+    """Around a download into `path`: if it fails, the folders it created on the way (`path` and
+    any missing parents, e.g. ./data) are removed again while still empty, so a missing-data
+    error leaves nothing behind."""
+    new = list(itertools.takewhile(lambda p: not p.exists(), (path, *path.parents)))
+    try:
+        yield
+    except BaseException:
+        for d in new:   # deepest first; one that holds something (a partial download) stays
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
 
 
 def resolve_cache_dir(cache_dir: Optional[str]) -> Path:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from compressors.registry import option
 from gravac.data.base import LMDataset
-from gravac.data.files import DataError, cached_arrays, fingerprint, resolve_cache_dir, resolve_root
+from gravac.data.files import (DataError, cached_arrays, fingerprint, resolve_cache_dir, resolve_root,
+                               undo_new_folders)
 from gravac.data.registry import DATASETS
 from gravac.schema import DatasetCfg
 
@@ -41,7 +42,8 @@ def _ptb_dir(root: Path, download: bool) -> Path:
     if not download:
         raise DataError(hint + ", or enable dataset.download=true")
     try:
-        _download(root / "ptb")
+        with undo_new_folders(root / "ptb"):
+            _download(root / "ptb")
     except OSError as e:
         raise DataError(f"{hint}; the download into {root / 'ptb'} failed ({e.__class__.__name__}: "
                         f"{getattr(e, 'reason', e)})") from None
