@@ -201,7 +201,8 @@ def draw(folder: str, sources: list[str]) -> int:
     here = os.getcwd()
     os.chdir(folder)
     try:
-        return paper.main(sources + ["--out", "plots", "--formats", "png"])
+        no_bench = [] if "compress_bench.csv" in sources else ["--no-bench"]  # never one found above
+        return paper.main(sources + ["--out", "plots", "--formats", "png", *no_bench])
     finally:
         os.chdir(here)
 

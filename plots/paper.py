@@ -59,6 +59,8 @@ def parse_args(argv):
     p.add_argument("--bench", default=None, help="compression benchmark CSV (default: the nearest "
                                                  "compress_bench*.csv in or above the results folders, up to "
                                                  "results/, else results/compress_bench.csv)")
+    p.add_argument("--no-bench", action="store_true",
+                   help="no Table 3: do not look for a benchmark CSV (bench/reference.py without one)")
     p.add_argument("--smooth", type=int, default=0, help="moving-average window of static gains (0: auto)")
     p.add_argument("--formats", default="png,pdf",
                    help="figure formats, comma-separated (default png,pdf; PDF embeds TrueType fonts)")
@@ -71,6 +73,8 @@ def find_bench_csv(args, csvs: list[str]) -> str | None:
     the nearest compress_bench*.csv in a results folder or above it (up to the `results` folder
     holding it, so `results/runs/<experiment>` finds `results/compress_bench.csv`), else
     results/compress_bench.csv under the current folder."""
+    if args.no_bench:
+        return None
     if args.bench:
         return args.bench
     if csvs:
@@ -169,7 +173,7 @@ def make_bench(path: str | None, out: Outputs, args) -> None:
     except (bench.BenchFormatError, OSError, UnicodeDecodeError) as e:
         out.skip("multilevel", str(e))
         return
-    out.table("multilevel", tables.multilevel_table(rows, path), rows, tables.MULTILEVEL_COLUMNS,
+    out.table("multilevel", tables.multilevel_table(rows, _rel(path)), rows, tables.MULTILEVEL_COLUMNS,
               "direct vs multi-level compression times (Table 3)")
     f = _attempt(out, "multilevel", args.debug, figures.multilevel_figure, rows)
     if f is not None:
@@ -227,7 +231,8 @@ def main(argv=None) -> int:
         make_tables(contexts, out, args)
     else:
         out.skip("figures and run tables", "no runs found")
-    make_bench(bench_csv, out, args)
+    if not args.no_bench:
+        make_bench(bench_csv, out, args)
 
     header = (f"Made by `plots/paper.py` from {', '.join(f'`{p}`' for p in args.results)}: {len(runs)} run(s), "
               f"{n_settings} setting(s). Contexts: " + "; ".join(

@@ -508,6 +508,10 @@ def test_finds_results_compress_bench_csv_without_a_flag(tmp_path, monkeypatch, 
     write_run(tmp_path / "elsewhere", "dense", "dense", "none", 100.0, [1000.0] * 10, [.2] * 5, 1.0, 0.5)
     assert main([str(tmp_path / "elsewhere"), "--out", "o3", "--formats", "png"]) == 0   # default under cwd
     assert (tmp_path / "o3" / "multilevel.csv").exists()
+    assert main([str(results / "runs" / "exp"), "--out", "o4", "--formats", "png", "--no-bench"]) == 0
+    assert not (tmp_path / "o4" / "multilevel.csv").exists()   # bench/reference.py without a CSV
+    assert "results/compress_bench.csv" in (tmp_path / "o1" / "multilevel.md").read_text()
+    assert str(tmp_path) not in (tmp_path / "o1" / "multilevel.md").read_text()   # no absolute path
 
 
 def test_perplexity_axis_over_a_decade_has_several_labels(tmp_path):
