@@ -37,6 +37,8 @@ def hog():
         p.wait()
 
 
+# slow: ~38 s with a CPU hog; CI runs it with the slow ones
+@pytest.mark.slow
 def test_identical_runs_report_identical_modelled_times_under_load(tmp_path, hog):
     cache = tmp_path / "profiles"
     _, quiet, s_quiet = _run(tmp_path / "a", GRAVAC, cache)          # measures the profile and costs

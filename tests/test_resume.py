@@ -145,6 +145,8 @@ def test_two_concurrent_runs_keep_separate_valid_results(tmp_path):
         assert json.loads((run / "summary.json").read_text())["status"] == "completed"
 
 
+# slow: ~85 s, the longest default test; CI runs it with the slow ones
+@pytest.mark.slow
 def test_lm_run_extended_from_its_final_checkpoint_equals_a_longer_run(tmp_path):
     """The LM's carried hidden states and dropout RNG are part of the checkpoint."""
     from conftest import data_dir
