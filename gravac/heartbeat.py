@@ -12,19 +12,19 @@ import os
 _FD: dict[int, int] = {}
 
 
-def beat(rank: int, step: int) -> None:
-    """Record that `rank` has reached tick `step`."""
+def beat(rank: int, tick: int) -> None:
+    """Record that `rank` has reached `tick` (2s: step s started; 2s+1: its local work is done)."""
     d = os.environ.get("GRAVAC_HEARTBEAT_DIR")
     if not d:
         return
     fd = _FD.get(rank)
     if fd is None:
         fd = _FD[rank] = os.open(os.path.join(d, f"beat-{rank}"), os.O_WRONLY | os.O_CREAT, 0o644)
-    os.pwrite(fd, f"{step:>12d}\n".encode(), 0)
+    os.pwrite(fd, f"{tick:>12d}\n".encode(), 0)
 
 
-def last_steps(d: str, world: int) -> dict[int, int]:
-    """The last step each rank reported (-1: none yet)."""
+def last_ticks(d: str, world: int) -> dict[int, int]:
+    """The last tick each rank reported (-1: none yet)."""
     out = {}
     for r in range(world):
         try:
@@ -37,6 +37,6 @@ def last_steps(d: str, world: int) -> dict[int, int]:
 
 def silent_rank(d: str, world: int, failed: int) -> tuple[int, int] | None:
     """(rank, tick) of the worker furthest behind when it is behind the one that failed, else None."""
-    steps = last_steps(d, world)
-    rank = min(steps, key=lambda r: (steps[r], r))
-    return (rank, steps[rank]) if rank != failed and steps[rank] < steps[failed] else None
+    ticks = last_ticks(d, world)
+    rank = min(ticks, key=lambda r: (ticks[r], r))
+    return (rank, ticks[rank]) if rank != failed and ticks[rank] < ticks[failed] else None

@@ -326,7 +326,7 @@ def _join(ctx) -> tuple[int, int] | None:
                 for p in procs:
                     p.join(5)
                 return first
-            procs[0].join(0.1) if codes[0] is None else time.sleep(0.1)
+            time.sleep(0.1)
         except KeyboardInterrupt:
             continue  # the workers got the signal too and stop together; their exit code tells
 

@@ -22,6 +22,11 @@ def paper_setting(run: RunConfig) -> dict | None:
     return registries()["model"][run.model.name].extra.get("paper")
 
 
+def _global_batches(run: RunConfig, paper: dict) -> tuple[int, int]:
+    """(this run's global batch, the paper's)."""
+    return run.cluster.workers * run.train.batch_size, paper["workers"] * paper["batch_size"]
+
+
 def paper_gap(run: RunConfig) -> list[str]:
     """What of device, workers and global batch differs from the paper's setting; [] when the model
     has none, or the run has the paper's device and at least its workers (nothing to warn about)."""
@@ -32,7 +37,7 @@ def paper_gap(run: RunConfig) -> list[str]:
     gaps = [f"device {c.device} (paper: {paper['device']})"] if c.device != paper["device"] else []
     if c.workers != paper["workers"]:
         gaps.append(f"{c.workers} workers (paper: {paper['workers']})")
-    batch, paper_batch = c.workers * t.batch_size, paper["workers"] * paper["batch_size"]
+    batch, paper_batch = _global_batches(run, paper)
     if batch != paper_batch:
         gaps.append(f"global batch {batch} at lr {t.lr:g} (paper: {paper_batch} at lr {paper['lr']:g})")
     return gaps
@@ -63,8 +68,8 @@ def paper_warning(run: RunConfig, step_s: float, steps: int) -> list[str]:
 def lr_note(run: RunConfig) -> str:
     """When the global batch is smaller than the paper's, why the loss may climb at first and the
     linearly scaled learning rate (see the module docstring); else ""."""
-    paper, c, t = paper_setting(run), run.cluster, run.train
-    batch, paper_batch = c.workers * t.batch_size, paper["workers"] * paper["batch_size"]
+    paper, t = paper_setting(run), run.train
+    batch, paper_batch = _global_batches(run, paper)
     if batch >= paper_batch:
         return ""
     return (f"lr {paper['lr']:g} is the paper's for a global batch of {paper_batch}; at {batch} the averaged "

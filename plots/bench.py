@@ -82,6 +82,14 @@ def _where(rows: list[dict]) -> dict:
     return {"device": "/".join(devices), "threads": "/".join(map(str, threads))}
 
 
+def timed_on(rows: list[dict]) -> str:
+    """Where multilevel_rows' times were measured, as the table and the figure say it:
+    "a CPU (2 threads)", or the CSV's device."""
+    device, threads = rows[0].get("device") or "CPU", rows[0].get("threads")
+    what = "a CPU" if str(device).upper() == "CPU" else str(device)
+    return what + (f" ({threads} thread{'s' if str(threads) != '1' else ''})" if threads else "")
+
+
 def _pair(cols, rows, path, entity, comp, cf) -> list[dict]:
     """Median direct and multi-level time per (entity, compressor[, CF])."""
     key = lambda r: (r.get(entity, "") if entity else "", r.get(comp, ""), _float(r.get(cf)) if cf else math.nan)

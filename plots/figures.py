@@ -21,6 +21,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from plots.labels import (METRIC_AXIS, compressor_label, fmt_cf, metric_scale,  # noqa: E402
                           network_text, styles)
+from plots.bench import timed_on  # noqa: E402
 from plots.load import Run  # noqa: E402
 from plots.settings import Context, Group  # noqa: E402
 
@@ -175,11 +176,19 @@ def _overlay(style: dict, under: dict, k: int, m: int) -> dict:
                 fillstyle="none", markersize=style.get("markersize", 3.2) + 1.2 * k)
 
 
-def _draw_series(ax, series: list[Series], st: dict, drawstyle: str = "default") -> tuple[list, list]:
-    """Draw every series in its group's style; curves identical to an earlier one go over it with
-    `_overlay`'s style and a legend text that says so. Returns (handles, labels)."""
+def legend_plan(series: list[Series]) -> tuple[list[int | None], list[str]]:
+    """Which earlier series each one repeats, and the legend texts: worked out once per figure,
+    before drawing, because the figure is sized around its legend."""
     same = identical_to(series)
-    labels = legend_labels(series, same)
+    return same, legend_labels(series, same)
+
+
+def _draw_series(ax, series: list[Series], st: dict, plan: tuple[list[int | None], list[str]],
+                 drawstyle: str = "default") -> tuple[list, list]:
+    """Draw every series in its group's style; curves identical to an earlier one (`plan`, from
+    legend_plan) go over it with `_overlay`'s style and a legend text that says so. Returns
+    (handles, labels)."""
+    same, labels = plan
     handles = []
     for i, (s, j) in enumerate(zip(series, same)):
         style = st[s.group]
@@ -243,9 +252,10 @@ def cumulative_figure(ctx: Context, key: str = "floats_sent", what: str = "float
     st = styles(ctx.groups)
     mats = {g: _matrix([r.cumulative(key) for r in g.runs]) for g in groups}
     series = [Series(g, np.arange(1, m.shape[1] + 1), *_stats(m)) for g, m in mats.items()]
-    n_lines, longest = _legend_size(legend_labels(series, identical_to(series)))
+    plan = legend_plan(series)
+    n_lines, longest = _legend_size(plan[1])
     fig, (ax,), ncol = _new(n_lines + 1, label_len=longest)
-    handles, labels = _draw_series(ax, series, st)
+    handles, labels = _draw_series(ax, series, st, plan)
     finals = [v for m in mats.values() for row in m if np.isfinite(row).any()
               for v in [np.nanmax(row)] if math.isfinite(v) and v > 0]
     for g in groups:
@@ -328,9 +338,10 @@ def time_to_accuracy_figure(ctx: Context, time_key: str):
     if not groups:
         raise Skip(f"no run has evaluations with '{time_key}' step times")
     series = [_time_series(g, time_key, metric_scale(ctx.metric)) for g in groups]
-    n_lines, longest = _legend_size(legend_labels(series, identical_to(series)))
+    plan = legend_plan(series)
+    n_lines, longest = _legend_size(plan[1])
     fig, (ax,), ncol = _new(n_lines + 1, label_len=longest)
-    handles, labels = _draw_series(ax, series, st)
+    handles, labels = _draw_series(ax, series, st, plan)
     _target_line(ax, ctx, handles, labels)
     _metric_axis(ax, ctx)
     ax.set_xlabel("Modelled cluster time (s)" if modelled else "Wall time, measured steps (s)")
@@ -356,9 +367,10 @@ def metric_vs_steps_figure(ctx: Context):
     if not groups:
         raise Skip("no run has evaluations")
     series = [_step_series(g, metric_scale(ctx.metric)) for g in groups]
-    n_lines, longest = _legend_size(legend_labels(series, identical_to(series)))
+    plan = legend_plan(series)
+    n_lines, longest = _legend_size(plan[1])
     fig, (ax,), ncol = _new(n_lines + 1, label_len=longest)
-    handles, labels = _draw_series(ax, series, st)
+    handles, labels = _draw_series(ax, series, st, plan)
     _target_line(ax, ctx, handles, labels)
     _metric_axis(ax, ctx)
     _iteration_axis(ax)
@@ -385,11 +397,12 @@ def static_gain_figure(ctx: Context, window: int = 0):
     n_steps = max(len(r.steps) for g in groups for r in g.runs)
     w = auto_window(n_steps, window)
     panels = {c: [_gain_series(g, w) for g in groups if g.first.compressor == c] for c in comps}
-    n_lines, longest = _legend_size([t for ps in panels.values() for t in legend_labels(ps, identical_to(ps))])
+    plans = {c: legend_plan(ps) for c, ps in panels.items()}
+    n_lines, longest = _legend_size([t for _, texts in plans.values() for t in texts])
     fig, axes, ncol = _new(n_lines, height=1.5 if len(comps) > 1 else 2.2, nrows=len(comps), label_len=longest)
     handles, labels = [], []
     for ax, comp in zip(axes, comps):
-        h, lab = _draw_series(ax, panels[comp], st)
+        h, lab = _draw_series(ax, panels[comp], st, plans[comp])
         handles += h
         labels += lab
         first = next(g for g in groups if g.first.compressor == comp).first
@@ -493,13 +506,10 @@ def _cf_lines(ax, runs: list[Run]) -> tuple[list, list]:
 
 def _metric_line(ax, ctx: Context, g: Group):
     """The setting's mean metric at each evaluation, or None when it has no evaluation."""
-    scale = metric_scale(ctx.metric)
-    series = [dict(zip(*r.eval_series())) for r in g.runs]
-    steps = sorted({int(s) for p in series for s in p})
-    if not steps:
+    s = _step_series(g, metric_scale(ctx.metric))
+    if not len(s.x):
         return None
-    mean = [np.mean([p[s] * scale for p in series if s in p]) for s in steps]
-    h, = ax.plot(steps, mean, color="0.2", linewidth=1.0, **_markers(len(steps)))
+    h, = ax.plot(s.x, s.mean, color="0.2", linewidth=1.0, **_markers(len(s.x)))
     return h
 
 
@@ -563,14 +573,6 @@ def _last_tc(run: Run, key: str) -> float:
 # ----------------------------------------------------------------------------------------------
 # 6. direct vs multi-level compression
 
-def _timed_on(rows: list[dict]) -> str:
-    """Where the benchmark's times were measured, e.g. "a CPU (2 threads)" (plots.bench fills it in)."""
-    device = rows[0].get("device") or "CPU"
-    threads = rows[0].get("threads")
-    what = "a CPU" if device.upper() == "CPU" else device
-    return what + (f" ({threads} thread{'s' if threads != '1' else ''})" if threads else "")
-
-
 def _wrap_label(text: str) -> str:
     """A bar name on two lines at its parenthesis ("Top-k" above "(torch)"), so neighbours never touch."""
     return text.replace(" (", "\n(", 1)
@@ -601,7 +603,7 @@ def multilevel_figure(rows: list[dict]):
     ax.set_ylabel("Speedup of multi-level\n(direct time / multi-level time)")
     ax.grid(axis="x", visible=False)
     cfs = sorted({cf for _, cf in cats if isinstance(cf, float)})
-    _title(fig, f"Direct vs multi-level compression, timed on {_timed_on(rows)}",
+    _title(fig, f"Direct vs multi-level compression, timed on {timed_on(rows)}",
            f"final CF {', '.join(fmt_cf(c) for c in cfs)}" if cfs and not multi_cf else "")
     h, lab = ax.get_legend_handles_labels()
     _legend(fig, h, lab, ncol if len(models) > 1 else 1)

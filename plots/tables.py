@@ -18,6 +18,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from plots.bench import timed_on
 from plots.labels import fmt_delta, fmt_metric, fmt_num, METRIC_SHORT
 from plots.load import Hit
 from plots.settings import Context, Group
@@ -324,6 +325,6 @@ def multilevel_table(rows: list[dict], source: str) -> str:
         head += ["C(g, final CF) (ms)", "Recompress (ms)", "Second level speedup"]
         text += (" The last three columns compare the second level alone: compressing the full gradient to "
                  "the final CF vs recompressing the first level's payload.")
-    where = rows[0].get("device", "CPU") + (f", {rows[0]['threads']} torch threads" if rows[0].get("threads") else "")
-    return (f"# Direct vs multi-level compression (paper Table 3)\n\nFrom `{source}`, timed on {where}. {text}\n\n"
+    return (f"# Direct vs multi-level compression (paper Table 3)\n\nFrom `{source}`, timed on {timed_on(rows)}. "
+            f"{text}\n\n"
             + md_table(head, md_rows) + "\n")
