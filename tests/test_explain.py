@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import make_run, run_cli
@@ -122,6 +123,7 @@ def readme_example(method: str) -> list[str]:
     raise AssertionError(f"README.md has no `python bench/run.py method={method} ...` example")
 
 
+@pytest.mark.slow
 def test_the_readme_gravac_example_compresses(tmp_path):
     # the README's command, only shorter: GraVAC compresses from about step 25 on (the code gain's
     # 25-step window fills first), so 40 steps show it

@@ -52,6 +52,7 @@ def _wait_for_steps(root: Path, n: int, proc: subprocess.Popen, timeout: float =
     pytest.fail("run did not progress")
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     ref = run_cli([*ARGS, *GRAVAC, f"experiment.results_root={tmp_path / 'ref'}"])
     assert ref.returncode == 0, ref.stderr[-2000:]
@@ -79,7 +80,8 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+                         ids=["SIGINT", "SIGTERM"])
 def test_stop_signal_then_resume_equals_uninterrupted(tmp_path, sig):
     """A soft stop finishes the step whose batch was drawn and checkpoints the next boundary, so the
     resumed run is bit-identical to one never stopped (the stop once saved one batch ahead)."""
@@ -275,7 +277,8 @@ def _rdzv_folders() -> set[str]:
     return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("gravac-rdzv-")}
 
 
-@pytest.mark.parametrize("how", ["SIGTERM to the launcher", "Ctrl-C to the process group"])
+@pytest.mark.parametrize("how", [pytest.param("SIGTERM to the launcher", marks=pytest.mark.slow),
+                                 "Ctrl-C to the process group"])
 def test_ddp_stop_then_resume_equals_uninterrupted(tmp_path, how):
     """Issue 21 cases 1 and 5 on ddp: the launcher forwards SIGTERM (a terminal's Ctrl-C reaches
     every worker itself), waits for the workers' checkpoint, exits 130, removes its rendezvous
