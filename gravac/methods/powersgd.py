@@ -36,6 +36,10 @@ hook and the public code, and why:
   torch's hook, which does both, as the check is against torch.
 - A tensor whose rank changes (Accordion switching) gets a fresh Q at the new rank, as
   Accordion's code builds a new reducer on a switch; its residual is kept (zero_memory off).
+- Modelled time: the whole model is compressed after backward (one timeline piece: compression,
+  then the three messages), as for the other methods here; torch's hook runs per DDP bucket and
+  overlaps with backward. The orthogonalisations and the approximation, computed once for all
+  simulated workers, count once in the step's compression time (every real worker computes them).
 """
 from __future__ import annotations
 
