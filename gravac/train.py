@@ -78,7 +78,8 @@ def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
     workers.check_memory(method_class(cfg.method.name).state_bytes(cfg.method, cfg.compressor, workers.numel,
                                                                    cfg.train.momentum))
     clock = Clock.build(cfg, workers, group, say)
-    method = build_method(cfg, group, workers.sizes, device, buckets=clock.buckets, costs=clock.costs)
+    method = build_method(cfg, group, workers.sizes, device, buckets=clock.buckets, costs=clock.costs,
+                          shapes=workers.shapes)
     say(f"model {cfg.model.name}: {count_parameters(model):,} parameters; dataset {dataset.name} "
         f"({dataset.train_size:,} train {'tokens' if dataset.task == 'lm' else 'samples'}); "
         f"{group.world} workers ({cfg.cluster.backend}); method {cfg.method.name}"

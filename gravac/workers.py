@@ -45,6 +45,7 @@ class Workers:
         self.lm = dataset.task == "lm"
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.sizes = [p.numel() for p in self.params]
+        self.shapes = [tuple(p.shape) for p in self.params]
         self.numel = sum(self.sizes)
         self._check_bytes(len(group.local_ranks), 0)   # a lower bound first: before building N shards
         per = dataset.train_size // group.world

@@ -114,6 +114,7 @@ SETTINGS = {
     "gravac": ["method.window=2"],                                   # window ends: cf_min, cs move
     "static": ["compressor.cf=10", "method.probe_cfs=[100]"],        # probe fields
     "accordion": ["method.switch_freq=1"],                          # a regime check at step 4 (4 steps an epoch)
+    "accordion_powersgd": ["method.switch_freq=1"],                 # the same with PowerSGD ranks
 }
 
 

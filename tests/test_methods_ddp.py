@@ -29,6 +29,11 @@ SCENARIOS = {
                                                      eta=0.5),
                                compressor=dict(name="randomk", granularity="layer", shared_indices=False),
                                accumulate="averaged"),
+    # PowerSGD needs shapes: two matrices that compress and a 1-D tensor sent dense
+    "powersgd": dict(steps=6, method=dict(name="powersgd", rank=2), compressor=dict(name="none"),
+                     shapes=[(20, 25), (300,), (10, 20)]),
+    "accordion_powersgd": dict(steps=15, method=dict(name="accordion_powersgd", switch_freq=1, eta=0.5),
+                               compressor=dict(name="none"), shapes=[(20, 25), (300,), (10, 20)]),
 }
 # static compression with every compressor: floats sent and CF must be the same numbers on sim and
 # ddp also when the count differs by worker (DGC, RedSync: thresholds) or indices do (Random-k)
@@ -78,7 +83,7 @@ def fake_clock():
 def run_method(name: str, group, ranks: list[int]) -> list[dict]:
     """Run a scenario; per step the record fields and the averaged gradient."""
     cfg = config(name)
-    method = build_method(cfg, group, SIZES, torch.device("cpu"))
+    method = build_method(cfg, group, SIZES, torch.device("cpu"), shapes=SCENARIOS[name].get("shapes"))
     if name == "gravac":
         method.clock = fake_clock()
     out = []

@@ -35,13 +35,18 @@ from gravac.schema import MethodCfg
 
 
 @dataclass
-class AccordionCfg(MethodCfg):
-    """Defaults as the GraVAC paper runs Accordion: Random-k 1.5x / 1000x, checks every 10 epochs."""
-    cf_low: float = option(1.5, check=lambda v: v >= 1, valid=">= 1")       # CF in critical regimes
-    cf_high: float = option(1000.0, check=lambda v: v >= 1, valid=">= 1")   # CF otherwise
+class RegimeCfg(MethodCfg):
+    """Accordion's regime detection, shared by every method that switches on it."""
     switch_freq: int = option(10, check=lambda v: v >= 1, valid=">= 1")     # epochs between checks (5 for LSTMs)
     eta: float = option(0.5, check=lambda v: v > 0, valid="> 0")            # relative norm change = critical
     accumulate: str = option("local", choices=("local", "averaged"))       # see the module docstring
+
+
+@dataclass
+class AccordionCfg(RegimeCfg):
+    """Defaults as the GraVAC paper runs Accordion: Random-k 1.5x / 1000x, checks every 10 epochs."""
+    cf_low: float = option(1.5, check=lambda v: v >= 1, valid=">= 1")       # CF in critical regimes
+    cf_high: float = option(1000.0, check=lambda v: v >= 1, valid=">= 1")   # CF otherwise
 
     def errors(self, prefix: str) -> list[str]:
         if self.cf_high < self.cf_low:
@@ -65,40 +70,23 @@ def regimes(prev: list[float] | None, new: list[float], eta: float) -> tuple[lis
     return low, ratios
 
 
-@METHODS.register("accordion", AccordionCfg, doc="Accordion: low/high CF per layer by critical regimes (Agarwal et al. 2021)")
-class Accordion(CompressingMethod):
-    """Per-layer switching between cf_low and cf_high at gradient-norm checks; see module doc."""
-    name = "accordion"
-    order = 2
+class Regimes:
+    """Accordion's decision, per segment (a parameter tensor, or the whole model): low compression
+    (critical regime) or high, from rank 0's accumulated gradient norms at the checks, broadcast to
+    every worker; all learning-rate decays put every segment in low compression until the next
+    check. A method owns one and maps `low` to what it sends (CFs, PowerSGD ranks)."""
 
-    def __init__(self, cfg: AccordionCfg, compressor, env):
-        super().__init__(cfg, compressor, env)
-        m = cfg
-        self.cf_low, self.cf_high, self.eta, self.freq = m.cf_low, m.cf_high, m.eta, m.switch_freq
-        seg = list(self.sizes) if compressor.granularity == "layer" else [self.numel]
+    def __init__(self, cfg: RegimeCfg, group, seg: list[int]):
+        self.group, self.eta, self.freq = group, cfg.eta, cfg.switch_freq
         self.bounds = list(zip(itertools.accumulate(seg, initial=0), seg))   # (offset, size)
         self.low = [True] * len(seg)           # low compression until the first check
         self.prev_norms: list[float] | None = None
         self.epoch = 0                         # the epoch whose steps are being accumulated
         self.accum: torch.Tensor | None = None  # rank 0 only, during check epochs
-        self.local = m.accumulate == "local"
-
-    @classmethod
-    def label(cls, cfg: AccordionCfg, comp) -> str:
-        return f"Accordion ({comp.name} {cfg.cf_low:g}x/{cfg.cf_high:g}x)"
-
-    @classmethod
-    def cf_text(cls, cfg: AccordionCfg, comp) -> str:
-        return f"{cfg.cf_low:g}x/{cfg.cf_high:g}x"
-
-    # --- decisions --------------------------------------------------------------------------
-    def _cfs(self):
-        """The CF per layer (a plain number when every layer is in the same regime)."""
-        cfs = [self.cf_low if low else self.cf_high for low in self.low]
-        return cfs[0] if len(set(cfs)) == 1 else cfs
+        self.local = cfg.accumulate == "local"
 
     def _norms(self) -> list[float]:
-        """Per-layer norms of the accumulated gradient (zeros if nothing was accumulated)."""
+        """Per-segment norms of the accumulated gradient (zeros if nothing was accumulated)."""
         if self.accum is None:
             return [0.0] * len(self.bounds)
         return [float(self.accum[o:o + n].norm(dtype=torch.float64)) for o, n in self.bounds]
@@ -127,7 +115,7 @@ class Accordion(CompressingMethod):
         self.accum = None
         return decision
 
-    def _accumulate(self, g: torch.Tensor) -> None:
+    def accumulate(self, g: torch.Tensor) -> None:
         """Rank 0 sums a gradient over the steps of a check epoch."""
         if not self.group.is_main or self.epoch % self.freq != 0:
             return
@@ -136,8 +124,10 @@ class Accordion(CompressingMethod):
         else:
             self.accum.add_(g)
 
-    # --- the step ---------------------------------------------------------------------------
-    def step(self, grads, ctx: StepContext) -> StepResult:
+    def decide(self, grads, ctx: StepContext) -> dict:
+        """This step's regimes (in `self.low`) and the record fields saying so; with
+        accumulate="local", rank 0's own gradient joins the sum (the caller adds the averaged
+        gradient otherwise, after communication)."""
         decision = self._boundary(ctx)
         if ctx.lr_decayed:
             self.low = [True] * len(self.bounds)
@@ -145,32 +135,33 @@ class Accordion(CompressingMethod):
                         **(decision or {}), "low_layers": list(range(len(self.bounds))),
                         "reason": "check+lr_decay" if decision else "lr_decay"}
         if self.local:
-            self._accumulate(grads[0])          # the main process hosts rank 0 first
+            self.accumulate(grads[0])           # the main process hosts rank 0 first
         extra = {"cf_low_layers": sum(self.low)}
         if decision is not None:
             extra["accordion_decision"] = decision
-        c = self.compress_all(grads, self._cfs(), ctx.step)
-        res = self.finish(c, extra=extra)
+        return extra
+
+    def after(self, averaged: torch.Tensor) -> None:
+        """With accumulate="averaged", the step's averaged gradient joins the sum."""
         if not self.local:
-            self._accumulate(res.grad)
-        return res
+            self.accumulate(averaged)
 
     # --- the end of a run ---------------------------------------------------------------------
-    def explain(self, stats: RunStats) -> str | None:
-        """Which regimes Accordion ran; when it never left low compression, why (no regime
-        comparison within the run, or every comparison found a critical regime)."""
+    def explain(self, stats: RunStats, low_text: str, high_text: str, numel: int) -> str | None:
+        """Which regimes ran; when it never left low compression, why (no regime comparison
+        within the run, or every comparison found a critical regime)."""
         recs = [r for r in stats.records if "cf_low_layers" in r]
         if not recs:
             return None
         high = [r for r in recs if r["cf_low_layers"] < len(self.bounds)]
         if high:
-            return (f"Accordion ran {self.cf_high:g}x on some layers at {len(high)} of {len(recs)} steps (from step "
-                    f"{high[0]['step']}, epoch {high[0]['epoch']:.1f}) and {self.cf_low:g}x on all layers otherwise, "
-                    f"{stats.fewer_than_dense(self.numel):.1f}x fewer floats than dense")
-        return f"Accordion ran {self.cf_low:g}x on all layers for all {len(recs)} steps: " + self._why_low(recs, stats)
+            return (f"Accordion ran {high_text} on some layers at {len(high)} of {len(recs)} steps (from step "
+                    f"{high[0]['step']}, epoch {high[0]['epoch']:.1f}) and {low_text} on all layers otherwise, "
+                    f"{stats.fewer_than_dense(numel):.1f}x fewer floats than dense")
+        return f"Accordion ran {low_text} on all layers for all {len(recs)} steps: " + self._why_low(recs, stats)
 
     def _why_low(self, recs: list[dict], stats: RunStats) -> str:
-        """Why no layer ever went to cf_high, and what would change it."""
+        """Why no layer ever went to high compression, and what would change it."""
         checks = [r["accordion_decision"] for r in recs if "check" in r.get("accordion_decision", {}).get("reason", "")
                   and r["accordion_decision"]["epoch"] >= self.freq]
         if not checks:
@@ -190,10 +181,52 @@ class Accordion(CompressingMethod):
 
     # --- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "low": list(self.low), "prev_norms": self.prev_norms,
-                "epoch": self.epoch, "accum": None if self.accum is None else self.accum.clone()}
+        return {"low": list(self.low), "prev_norms": self.prev_norms, "epoch": self.epoch,
+                "accum": None if self.accum is None else self.accum.clone()}
+
+    def load_state_dict(self, state: dict, device) -> None:
+        self.low, self.prev_norms, self.epoch = list(state["low"]), state["prev_norms"], state["epoch"]
+        self.accum = None if state["accum"] is None else state["accum"].to(device).clone()
+
+
+@METHODS.register("accordion", AccordionCfg, doc="Accordion: low/high CF per layer by critical regimes (Agarwal et al. 2021)")
+class Accordion(CompressingMethod):
+    """Per-layer switching between cf_low and cf_high at gradient-norm checks; see module doc."""
+    name = "accordion"
+    order = 2
+
+    def __init__(self, cfg: AccordionCfg, compressor, env):
+        super().__init__(cfg, compressor, env)
+        self.cf_low, self.cf_high = cfg.cf_low, cfg.cf_high
+        seg = list(self.sizes) if compressor.granularity == "layer" else [self.numel]
+        self.regimes = Regimes(cfg, self.group, seg)
+
+    @classmethod
+    def label(cls, cfg: AccordionCfg, comp) -> str:
+        return f"Accordion ({comp.name} {cfg.cf_low:g}x/{cfg.cf_high:g}x)"
+
+    @classmethod
+    def cf_text(cls, cfg: AccordionCfg, comp) -> str:
+        return f"{cfg.cf_low:g}x/{cfg.cf_high:g}x"
+
+    def _cfs(self):
+        """The CF per layer (a plain number when every layer is in the same regime)."""
+        cfs = [self.cf_low if low else self.cf_high for low in self.regimes.low]
+        return cfs[0] if len(set(cfs)) == 1 else cfs
+
+    def step(self, grads, ctx: StepContext) -> StepResult:
+        extra = self.regimes.decide(grads, ctx)
+        c = self.compress_all(grads, self._cfs(), ctx.step)
+        res = self.finish(c, extra=extra)
+        self.regimes.after(res.grad)
+        return res
+
+    def explain(self, stats: RunStats) -> str | None:
+        return self.regimes.explain(stats, f"{self.cf_low:g}x", f"{self.cf_high:g}x", self.numel)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), **self.regimes.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.low, self.prev_norms, self.epoch = list(state["low"]), state["prev_norms"], state["epoch"]
-        self.accum = None if state["accum"] is None else state["accum"].to(self.device).clone()
+        self.regimes.load_state_dict(state, self.device)

@@ -11,6 +11,7 @@ ItsCfg subclasses MethodCfg with the method's options (see CONTRIBUTING.md).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +97,7 @@ class MethodEnv:
     modelled_time: bool = True    # step times use modelled communication (network on), else measured
     buckets: list[list[int]] | None = None   # DDP-style buckets: parameter indices, in backward order
     costs: OpCosts | None = None  # the run's clock for compression operations (None: measured)
+    shapes: list[tuple[int, ...]] | None = None   # parameter shapes, same order (None: flat, one per size)
 
 
 class Method:
@@ -104,10 +106,15 @@ class Method:
     needs_compressor = False     # config refuses compressor=none when True
     order = 9                    # position of the method in tables and legends
 
+    clock = staticmethod(time.perf_counter)     # replaceable by tests that need deterministic times
+
     def __init__(self, cfg: MethodCfg, compressor: CompressorCfg, env: MethodEnv):
         self.cfg, self.comp_cfg, self.env = cfg, compressor, env
         self.group, self.sizes, self.device, self.seed = env.group, list(env.sizes), env.device, env.seed
         self.numel = sum(self.sizes)
+        self.shapes = [tuple(s) for s in env.shapes] if env.shapes is not None else [(n,) for n in self.sizes]
+        if [math.prod(s) for s in self.shapes] != self.sizes:
+            raise ValueError(f"parameter shapes {self.shapes} do not match sizes {self.sizes}")
 
     def step(self, grads: list[torch.Tensor], ctx: StepContext) -> StepResult:
         raise NotImplementedError
@@ -132,6 +139,31 @@ class Method:
     def step_seed(self, step: int, level: int = 0, rank: int = 0) -> int:
         """Seed for a compressor's randomness: shared by all workers unless `rank` differs."""
         return (self.seed * 1_000_003 + step * 101 + level * 7 + rank * 7_919) % (2**62)
+
+    # --- timing: compression operations are measured and put on the run's clock -------------
+    def timed(self, key: str, fn):
+        """fn(), adding its seconds on the run's clock (the cost table) to the current worker's
+        tally; without a clock (the method used on its own) only the measured span counts."""
+        costs = self.env.costs
+        if costs is None:
+            return fn()
+        t0 = time.perf_counter()
+        out = fn()
+        self._tally += costs.cost(key, fn, time.perf_counter() - t0)
+        return out
+
+    def worker_span(self, work):
+        """(work(), measured seconds, seconds on the run's clock) of one worker's compression;
+        a first calibration of an operation's cost is not part of the measured time."""
+        costs = self.env.costs
+        self._tally = 0.0
+        spent = costs.spent_s if costs is not None else 0.0
+        t0 = self.clock()
+        out = work()
+        dt = self.clock() - t0
+        if costs is None:
+            return out, dt, dt
+        return out, dt - (costs.spent_s - spent), self._tally
 
     # --- what a configuration means, without building the method ---------------------------
     @classmethod
@@ -172,13 +204,15 @@ class Method:
 
 
 def build_method(run, group: Group, sizes: list[int], device: torch.device, buckets=None,
-                 costs: OpCosts | None = None) -> Method:
-    """The configured method for this group and parameter layout (run: a RunConfig)."""
+                 costs: OpCosts | None = None, shapes: list[tuple[int, ...]] | None = None) -> Method:
+    """The configured method for this group and parameter layout (run: a RunConfig); `shapes`:
+    the parameters' shapes (methods that view tensors as matrices need them, PowerSGD)."""
     from gravac.registry import registries
     cls = registries()["method"][run.method.name].target
     net = run.network
     env = MethodEnv(group, sizes, device, run.train.seed, run.train.momentum,
-                    modelled_time=net.enabled and net.time_source != "wall", buckets=buckets, costs=costs)
+                    modelled_time=net.enabled and net.time_source != "wall", buckets=buckets, costs=costs,
+                    shapes=shapes)
     return cls(run.method, run.compressor, env)
 
 
@@ -197,7 +231,6 @@ class CompressingMethod(Method):
 
     needs_compressor = True
     levels = 1
-    clock = staticmethod(time.perf_counter)     # replaceable by tests that need deterministic times
 
     def __init__(self, cfg, compressor, env):
         super().__init__(cfg, compressor, env)
@@ -242,30 +275,6 @@ class CompressingMethod(Method):
             self._op_id = hashlib.sha256(text.encode()).hexdigest()[:12]
         args = ",".join(f"{k}={_text(v)}" for k, v in sorted(params.items()))
         return f"{self.comp_cfg.name}:{self._op_id}:{op}({args})"
-
-    def timed(self, key: str, fn):
-        """fn(), adding its seconds on the run's clock (the cost table) to the current worker's
-        tally; without a clock (the method used on its own) only the measured span counts."""
-        costs = self.env.costs
-        if costs is None:
-            return fn()
-        t0 = time.perf_counter()
-        out = fn()
-        self._tally += costs.cost(key, fn, time.perf_counter() - t0)
-        return out
-
-    def worker_span(self, work):
-        """(work(), measured seconds, seconds on the run's clock) of one worker's compression;
-        a first calibration of an operation's cost is not part of the measured time."""
-        costs = self.env.costs
-        self._tally = 0.0
-        spent = costs.spent_s if costs is not None else 0.0
-        t0 = self.clock()
-        out = work()
-        dt = self.clock() - t0
-        if costs is None:
-            return out, dt, dt
-        return out, dt - (costs.spent_s - spent), self._tally
 
     def compress_one(self, w: int, g: torch.Tensor, cf, step: int, level: int = 0) -> tuple[torch.Tensor, Payload]:
         """Local worker `w`: its gradient plus residual, and that compressed at `cf` (timed)."""
