@@ -58,6 +58,13 @@ def test_accordion_without_a_regime_comparison_says_the_run_is_too_short():
                     "every epoch) or a longer run")
 
 
+def test_accordion_already_checking_every_epoch_asks_only_for_a_longer_run():
+    m = method("accordion", sizes=(400, 300, 300), cf_low=1.5, switch_freq=1)
+    line = m.explain(RunStats(accordion_records([3] * 6, {}), 4))        # 1.5 epochs: no comparison yet
+    assert line.endswith("the run is 1.5 epochs; try a run of at least 3 epochs (train.epochs=3)")
+    assert "switch_freq=1" not in line.split("try")[1]
+
+
 def test_accordion_whose_comparisons_all_found_critical_regimes_suggests_eta():
     m = method("accordion", sizes=(400, 300, 300), cf_low=1.5, switch_freq=1, eta=0.5)
     decisions = {4: {"epoch": 0, "reason": "check", "ratios": [None] * 3},

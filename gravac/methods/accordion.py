@@ -175,6 +175,8 @@ class Regimes:
 
     def _shorter(self, stats: RunStats) -> str:
         """How to get a regime comparison into a run of this length."""
+        if self.freq <= 1:                               # already a comparison every epoch
+            return "try a run of at least 3 epochs (train.epochs=3)"
         if stats.steps > 2 * stats.steps_per_epoch:      # the check after epoch 1 runs at step 2·spe
             return "try method.switch_freq=1 (a comparison every epoch) or a longer run"
         return "try method.switch_freq=1 with a run of at least 3 epochs (train.epochs=3)"
