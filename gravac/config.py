@@ -360,7 +360,7 @@ def help_text(conf_dir: str) -> str:
             lines.append(f"    {e.name:13} {e.doc}{extra}")
     lines += ["", "Other groups: group=option"]
     for group in sorted(os.listdir(conf_dir)):
-        if group not in PLUGGABLE and os.path.isdir(os.path.join(conf_dir, group)):
+        if group not in PLUGGABLE and group != "hydra" and os.path.isdir(os.path.join(conf_dir, group)):
             lines.append(f"  {group}: {', '.join(group_options(group, conf_dir))}")
     common = ", ".join(f"{k}.*" for k in SECTIONS if k not in PLUGGABLE)
     lines += ["", f"Settings of every run: {common} (each key, its default and type: --cfg job)",
@@ -369,6 +369,8 @@ def help_text(conf_dir: str) -> str:
               "  python bench/run.py model=vgg16 --cfg job             # show a composed config without running",
               "  python bench/run.py method=static compressor=topk compressor.cf=100 cluster=ddp cluster.workers=2",
               "  python bench/run.py -m method=dense,gravac            # a sweep",
+              "  python bench/run.py -m hydra/launcher=joblib hydra.launcher.n_jobs=2 arm=topk10,dense   # 2 jobs at a time",
+              "  python bench/run.py -m hydra/launcher=slurm hydra.launcher.partition=P arm=topk10,dense  # SLURM jobs",
               "Data: dataset.root (default $GRAVAC_DATA_DIR, else ./data). Results: experiment.results_root. "
               "See README.md; Hydra's own help: --hydra-help"]
     return "\n".join(lines)
