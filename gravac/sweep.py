@@ -173,12 +173,21 @@ class Plan:
                 if stop_requested():
                     break
                 jobs = self.jobs(batch, first)
-                if jobs:
-                    results = self.launcher.launch([o for _, _, o in jobs], initial_job_idx=first)
-                    for (num, overrides, _), r in zip(jobs, results):
-                        self.report.jobs.append((num, overrides, r.return_value))  # raises if Hydra failed it
+                outcomes = self._launch([o for _, _, o in jobs], first) if jobs else []
+                self.report.jobs += [(num, overrides, o) for (num, overrides, _), o in zip(jobs, outcomes)]
                 first += len(batch)
         return self.report
+
+    def _launch(self, jobs: list[list[str]], first: int) -> list[Outcome]:
+        """The jobs' outcomes; when the launcher itself fails (no sbatch, a SLURM job killed before
+        it could answer), every job of the batch fails with the launcher's one line."""
+        try:
+            return [r.return_value for r in self.launcher.launch(jobs, initial_job_idx=first)]
+        except Exception as e:  # noqa: BLE001
+            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            why = f"{type(self.launcher).__name__}: {type(e).__name__}: {text}"
+            print(f"error: {why}", file=sys.stderr, flush=True)
+            return [Outcome("failed", why)] * len(jobs)
 
     def jobs(self, batch: list[list[str]], first: int) -> list[tuple[int, list[str], list[str]]]:
         """(grid number, overrides, overrides to launch) of the batch's jobs that will run."""

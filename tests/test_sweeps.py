@@ -86,6 +86,18 @@ def test_a_stopped_sweep_launches_nothing_more(tmp_path):
     assert finish(report) == 130
 
 
+def test_a_launcher_that_fails_fails_its_jobs_in_one_line(tmp_path, capsys):
+    class NoSbatch(FakeLauncher):
+        def launch(self, jobs, initial_job_idx):
+            raise FileNotFoundError("[Errno 2] No such file or directory: 'sbatch'")
+    from gravac.sweep import finish
+    report = _plan(NoSbatch(), tmp_path, total=1).run([[["method=dense"]]])
+    assert finish(report) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == ("error: 1 job(s) of the sweep failed: #0 method=dense (NoSbatch: FileNotFoundError: "
+                                    "[Errno 2] No such file or directory: 'sbatch')")
+
+
 def test_finish_reports_failures_and_stops_once(capsys):
     from gravac.sweep import Outcome, Report, finish
     ok, bad = Outcome("completed"), Outcome("failed", "train.lr=-1.0 is out of range: must be > 0")
