@@ -39,10 +39,19 @@ def _plan(launcher, tmp_path, total):
     return Plan(launcher, lambda overrides: compose(overrides), str(tmp_path), total=total)
 
 
+def _unset_after_test(monkeypatch, *names: str) -> None:
+    """Unset `names` now and again after the test, whatever the code under test sets (a bare
+    delenv of an unset variable records nothing to undo)."""
+    for name in names:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
 @pytest.fixture(autouse=True)
 def _own_stop_file(monkeypatch):
-    """A Plan points GRAVAC_SWEEP_STOP at its sweep folder; keep that out of other tests."""
-    monkeypatch.delenv("GRAVAC_SWEEP_STOP", raising=False)
+    """A Plan points GRAVAC_SWEEP_STOP at its sweep folder; keep that out of other tests (a
+    later run would stop at its first step)."""
+    _unset_after_test(monkeypatch, "GRAVAC_SWEEP_STOP")
 
 
 def test_plan_skips_duplicates_before_launch_and_gives_parallel_jobs_their_threads(tmp_path, capsys):
@@ -126,8 +135,7 @@ def test_a_slurm_task_becomes_a_ddp_rank(monkeypatch):
 
     from gravac.errors import UserError
     from gravac.sweep import slurm_task
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(k, raising=False)
+    _unset_after_test(monkeypatch, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "nodeA")   # one node: no scontrol needed to read it
     for k, v in dict(SLURM_STEP_NUM_TASKS="4", SLURM_PROCID="3", SLURM_LOCALID="1", SLURM_STEP_NUM_NODES="2",
                      SLURM_JOB_ID="123", SLURM_CPUS_PER_TASK="3", SLURM_STEP_NODELIST="nodeA").items():
