@@ -110,7 +110,8 @@ def run(run_cfg, overrides: list[str]) -> None:
 
 def slurm_task(run_cfg):
     """Under `srun` with several tasks (hydra/launcher=slurm with tasks_per_node x nodes > 1), give
-    torch.distributed the rank, world and rendezvous torchrun would, from SLURM's variables."""
+    torch.distributed the rank, world and rendezvous torchrun would, from SLURM's variables; the
+    port is MASTER_PORT when the job's environment has one, else derived from the job id."""
     tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
     if tasks <= 1 or "SLURM_PROCID" not in os.environ or "RANK" in os.environ:
         return run_cfg
@@ -121,7 +122,7 @@ def slurm_task(run_cfg):
     job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
     os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=str(tasks),
                       LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"), LOCAL_WORLD_SIZE=str(max(1, tasks // nodes)),
-                      MASTER_ADDR=_first_host(), MASTER_PORT=str(20000 + job_id % 20000))
+                      MASTER_ADDR=_first_host(), MASTER_PORT=os.environ.get("MASTER_PORT") or str(20000 + job_id % 20000))
     threads = run_cfg.cluster.threads or (cores() if "SLURM_CPUS_PER_TASK" in os.environ else 0)
     return replace(run_cfg, cluster=replace(run_cfg.cluster, threads=threads))
 

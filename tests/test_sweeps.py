@@ -146,6 +146,7 @@ def test_a_slurm_task_becomes_a_ddp_rank(monkeypatch):
     assert cfg.cluster.threads == 3                     # the task's CPUs, not the node's
     assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == \
         dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_ADDR="nodeA")
+    assert os.environ["MASTER_PORT"] == "20123"          # from the job id: every task agrees on it
     assert slurm_task(make_run(cluster=dict(backend="sim"))).cluster.backend == "sim"   # RANK set: leave it
 
 
@@ -352,7 +353,8 @@ def test_slurm_sweep_runs_each_cell_as_a_job_whose_tasks_are_the_ddp_workers(slu
     folder per cell, written by rank 0, completed."""
     r = run_cli(["-m", "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2", "hydra.launcher.cpus_per_task=1",
                  "hydra.launcher.timeout_min=10", "arm=dense,topk10", "cluster=ddp", "train.steps=3", *TINY,
-                 f"experiment.results_root={tmp_path}"], env=slurm_cluster, timeout=900)
+                 f"experiment.results_root={tmp_path}"], env={**slurm_cluster, "MASTER_PORT": str(_free_port())},
+                timeout=900)   # the jobs run one after the other (2 tasks x 1 CPU fill the node): one port
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     runs = _runs(tmp_path)
     assert len(runs) == 2, (runs, r.stderr[-3000:])
