@@ -307,6 +307,7 @@ def check_composition(argv: list[str], conf_dir: str, limit: int = 64) -> None:
     composition error into one line; the common case is an option of a plug-in other than the
     chosen one (`method=static method.epsilon=0.5`), which Hydra reports in several lines."""
     import itertools
+
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     args = [a for a in argv if not a.startswith("-")]
@@ -327,6 +328,7 @@ def check_composition(argv: list[str], conf_dir: str, limit: int = 64) -> None:
 def _composition_message(err: Exception, overrides: list[str]) -> str:
     """One line for a Hydra composition error, naming the chosen plug-in when a key is not its."""
     import re
+
     from hydra import compose
     text = str(err).strip()
     m = re.search(r"Could not override '([\w.]+)'", text)
@@ -339,6 +341,9 @@ def _composition_message(err: Exception, overrides: list[str]) -> str:
             chosen = None
         if chosen is not None and chosen in registries()[kind]:
             return not_an_option(kind, chosen, key)
+    options = re.search(r"Available options in '([\w/]+)':\n((?:\t\S+\n)+)", text + "\n")
+    if options:   # an unknown hydra/launcher (or other Hydra group) choice: name the valid ones
+        return f"{text.splitlines()[0]}; choose one of: {', '.join(options.group(2).split())}"
     return text.splitlines()[0]
 
 

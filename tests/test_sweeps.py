@@ -166,6 +166,14 @@ def test_the_slurm_launcher_config_composes_on_submitit():
     assert cfg.hydra.sweeper._target_.endswith("GravacSweeper")
 
 
+def test_an_unknown_launcher_is_one_line_naming_the_launchers():
+    from gravac.config import ConfigError, check_composition, register_base
+    register_base()
+    with pytest.raises(ConfigError) as e:
+        check_composition(["hydra/launcher=nope", "method=dense"], str(ROOT / "conf"))
+    assert "\n" not in str(e.value) and "choose one of: basic, joblib, slurm" in str(e.value)
+
+
 # ---------------------------------------------------------------------------------------------
 # joblib: real sweeps, two jobs at a time
 
@@ -364,3 +372,4 @@ def test_slurm_sweep_runs_each_cell_as_a_job_whose_tasks_are_the_ddp_workers(slu
         assert [json.loads(line)["step"] for line in (run / "steps.jsonl").read_text().splitlines()] == [0, 1, 2]
     logs = list(tmp_path.glob("default/.multirun/*/.submitit/*/*_log.out"))
     assert len(logs) == 4, logs                     # 2 jobs x 2 tasks, run by SLURM
+
