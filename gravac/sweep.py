@@ -68,6 +68,7 @@ def sweep_job(cfg, overrides: list[str]) -> Outcome:
     are printed where the job's output goes (the terminal, or SLURM's log) and returned."""
     if stop_requested():
         return Outcome("not started")
+    _standard_start_method()
     with _sigterm_interrupts():
         try:
             run(build_config(cfg, overrides=overrides), overrides)
@@ -84,6 +85,14 @@ def sweep_job(cfg, overrides: list[str]) -> Outcome:
         except Exception as e:  # noqa: BLE001 - a crashed job fails, the sweep goes on
             traceback.print_exc()
             return Outcome("failed", f"crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+def _standard_start_method() -> None:
+    """A joblib (loky) worker's multiprocessing start method is 'loky', which the processes that
+    cluster=ddp spawns from it cannot set ("cannot find context for 'loky'"): use the default."""
+    import multiprocessing
+    if multiprocessing.get_start_method(allow_none=True) not in (None, *multiprocessing.get_all_start_methods()):
+        multiprocessing.set_start_method(None, force=True)
 
 
 @contextmanager

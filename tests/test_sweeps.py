@@ -203,6 +203,19 @@ def test_joblib_sweep_runs_two_at_a_time_skips_duplicates_and_reports_failures(t
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans    # two runs overlapped in time
 
 
+@pytest.mark.slow
+def test_joblib_sweep_of_ddp_jobs_spawns_their_workers(tmp_path):
+    """A joblib worker's start method is loky's, which the ddp workers it spawns cannot take."""
+    r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "cluster=ddp", "method=dense,gravac",
+                 "compressor=topk", "train.steps=3", *TINY, f"experiment.results_root={tmp_path}"], timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = _runs(tmp_path)
+    assert len(runs) == 2
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["backend"] == "ddp" and summary["steps"] == 3, summary
+
+
 def _popen_sweep(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(ROOT / "bench" / "run.py"), *args], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
