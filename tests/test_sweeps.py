@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, compose, run_cli
+from conftest import ROOT, run_cli
 
 TINY = ["dataset=synthetic", "dataset.image_size=8", "dataset.train_size=256", "dataset.test_size=64", "model.width=4",
         "cluster.workers=2", "train.batch_size=8", "logger.progress=false"]
@@ -34,9 +34,23 @@ class FakeLauncher:
         return [SimpleNamespace(return_value=Outcome("completed")) for _ in jobs]
 
 
-def _plan(launcher, tmp_path, total):
+@pytest.fixture
+def _composer():
+    """Compose jobs as the sweeper does, with Hydra initialised once for the test."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from gravac.config import register_base
+    register_base()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        yield lambda overrides: hydra_compose(config_name="config", overrides=overrides)
+
+
+@pytest.fixture
+def _plan(_composer, tmp_path):
+    """A Plan over `launcher` for a grid of `total` cells, its sweep folder in tmp_path."""
     from gravac.sweep import Plan
-    return Plan(launcher, lambda overrides: compose(overrides), str(tmp_path), total=total)
+    return lambda launcher, total: Plan(launcher, _composer, str(tmp_path), total=total)
 
 
 def _unset_after_test(monkeypatch, *names: str) -> None:
@@ -54,11 +68,11 @@ def _own_stop_file(monkeypatch):
     _unset_after_test(monkeypatch, "GRAVAC_SWEEP_STOP")
 
 
-def test_plan_skips_duplicates_before_launch_and_gives_parallel_jobs_their_threads(tmp_path, capsys):
+def test_plan_skips_duplicates_before_launch_and_gives_parallel_jobs_their_threads(_plan, capsys):
     batch = [["method=dense", "compressor=topk"], ["method=dense", "compressor=dgc"],
              ["method=static", "compressor=topk", "cluster.threads=2"], ["method=static", "compressor=topk", "cluster=ddp"]]
     launcher = FakeLauncher(joblib={"n_jobs": 2})
-    report = _plan(launcher, tmp_path, total=4).run([batch])
+    report = _plan(launcher, total=4).run([batch])
     out = capsys.readouterr().out
     assert "skipped job #1 (compressor=dgc): identical to job #0 (compressor=topk); dense ignores compressor" in out
     from gravac.sweep import cores
@@ -69,9 +83,9 @@ def test_plan_skips_duplicates_before_launch_and_gives_parallel_jobs_their_threa
     assert report.skipped == 1
 
 
-def test_plan_leaves_threads_alone_when_jobs_run_one_at_a_time(tmp_path):
+def test_plan_leaves_threads_alone_when_jobs_run_one_at_a_time(_plan):
     launcher = FakeLauncher()                     # no joblib: sequential (or SLURM, with its own cores)
-    _plan(launcher, tmp_path, total=2).run([[["method=dense"], ["method=static", "compressor=topk"]]])
+    _plan(launcher, total=2).run([[["method=dense"], ["method=static", "compressor=topk"]]])
     assert launcher.launched == [["method=dense"], ["method=static", "compressor=topk"]]
 
 
@@ -85,9 +99,9 @@ def test_parallel_jobs_follows_n_jobs_and_the_grid():
     assert parallel_jobs(FakeLauncher(), 3) == 1
 
 
-def test_a_stopped_sweep_launches_nothing_more(tmp_path):
+def test_a_stopped_sweep_launches_nothing_more(_plan, tmp_path):
     launcher = FakeLauncher()
-    plan = _plan(launcher, tmp_path, total=2)
+    plan = _plan(launcher, total=2)
     (tmp_path / "stop").touch()                  # as a Ctrl-C, or an interrupted job, leaves it
     report = plan.run([[["method=dense"]], [["method=gravac", "compressor=topk"]]])
     assert launcher.launched == [] and report.jobs == []
@@ -95,12 +109,12 @@ def test_a_stopped_sweep_launches_nothing_more(tmp_path):
     assert finish(report) == 130
 
 
-def test_a_launcher_that_fails_fails_its_jobs_in_one_line(tmp_path, capsys):
+def test_a_launcher_that_fails_fails_its_jobs_in_one_line(_plan, capsys):
     class NoSbatch(FakeLauncher):
         def launch(self, jobs, initial_job_idx):
             raise FileNotFoundError("[Errno 2] No such file or directory: 'sbatch'")
     from gravac.sweep import finish
-    report = _plan(NoSbatch(), tmp_path, total=1).run([[["method=dense"]]])
+    report = _plan(NoSbatch(), total=1).run([[["method=dense"]]])
     assert finish(report) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == ("error: 1 job(s) of the sweep failed: #0 method=dense (NoSbatch: FileNotFoundError: "
