@@ -69,7 +69,7 @@ def sweep_job(cfg, overrides: list[str]) -> Outcome:
     if stop_requested():
         return Outcome("not started")
     _standard_start_method()
-    with _sigterm_interrupts():
+    with _signals_interrupt():
         try:
             run(build_config(cfg, overrides=overrides), overrides)
             return Outcome("completed")
@@ -95,20 +95,28 @@ def _standard_start_method() -> None:
         multiprocessing.set_start_method(None, force=True)
 
 
+def ignore_interrupts() -> None:
+    """Initializer of joblib's worker processes: an idle worker ignores the terminal's Ctrl-C
+    (it would die of it, and joblib would then kill the jobs still checkpointing)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @contextmanager
-def _sigterm_interrupts():
-    """SIGTERM acts like Ctrl-C during a job (a worker process would otherwise just die)."""
-    def handler(signum, frame):
+def _signals_interrupt():
+    """During a job, Ctrl-C and SIGTERM raise KeyboardInterrupt (the training loop turns them into
+    a stop at the next step), in a joblib worker too, which ignores them between jobs."""
+    def interrupt(signum, frame):
         raise KeyboardInterrupt
     try:
-        old = signal.signal(signal.SIGTERM, handler)
+        old = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:   # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def run(run_cfg, overrides: list[str]) -> None:
@@ -191,6 +199,8 @@ class Plan:
     def _launch(self, jobs: list[list[str]], first: int) -> list[Outcome]:
         """The jobs' outcomes; when the launcher itself fails (no sbatch, a SLURM job killed before
         it could answer), every job of the batch fails with the launcher's one line."""
+        if hasattr(self.launcher, "joblib"):
+            self.launcher.joblib.setdefault("initializer", ignore_interrupts)
         try:
             return [r.return_value for r in self.launcher.launch(jobs, initial_job_idx=first)]
         except Exception as e:  # noqa: BLE001

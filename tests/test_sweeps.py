@@ -236,16 +236,22 @@ def _popen_sweep(args: list[str]) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["Ctrl-C to the process group", "SIGTERM to the sweep"])
-def test_joblib_sweep_stop_checkpoints_the_running_jobs_and_starts_no_more(tmp_path, how):
-    proc = _popen_sweep(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "method=dense,gravac,static",
+@pytest.mark.parametrize("how,methods", [("Ctrl-C to the process group", "dense,gravac,static"),
+                                         ("SIGTERM to the sweep", "dense,gravac,static"),
+                                         ("Ctrl-C to the process group", "dense")],   # a worker idles
+                         ids=["Ctrl-C", "SIGTERM", "Ctrl-C, one job"])
+def test_joblib_sweep_stop_checkpoints_the_running_jobs_and_starts_no_more(tmp_path, how, methods):
+    """Two jobs run, a third waits; a stop checkpoints both and the third never starts. With one
+    job the second worker idles: the Ctrl-C must not kill it (joblib would kill the pool)."""
+    running = min(2, len(methods.split(",")))
+    proc = _popen_sweep(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"method={methods}",
                          "compressor=topk", "train.steps=400", "train.checkpoint_every=0", *TINY,
                          f"experiment.results_root={tmp_path}"])
     try:
         t0 = time.time()
-        while not (len(_runs(tmp_path)) == 2 and all((p / "steps.jsonl").exists() and
-                                                      len((p / "steps.jsonl").read_text().splitlines()) >= 2
-                                                      for p in _runs(tmp_path))):
+        while not (len(_runs(tmp_path)) == running and all((p / "steps.jsonl").exists() and
+                                                            len((p / "steps.jsonl").read_text().splitlines()) >= 2
+                                                            for p in _runs(tmp_path))):
             assert proc.poll() is None and time.time() - t0 < 400, proc.communicate()
             time.sleep(0.2)
         if how.startswith("Ctrl-C"):
@@ -258,10 +264,11 @@ def test_joblib_sweep_stop_checkpoints_the_running_jobs_and_starts_no_more(tmp_p
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 130, err[-3000:]
-    assert "sweep stopped: 2 job(s) interrupted, 1 not started" in err and "Traceback" not in err, err[-3000:]
-    assert err.count("Resume with:") == 2
+    waiting = len(methods.split(",")) - running
+    assert f"sweep stopped: {running} job(s) interrupted, {waiting} not started" in err, err[-3000:]
+    assert "Traceback" not in err and err.count("Resume with:") == running, err[-3000:]
     runs = _runs(tmp_path)
-    assert len(runs) == 2                          # the third job never started
+    assert len(runs) == running                    # the third job never started
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] == "interrupted" and (run / "checkpoint" / "latest").exists()
