@@ -10,56 +10,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run from a plain checkout too, not only after `pip install -e .`
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
 
-from gravac.config import (ConfigError, build_config, check_composition, check_overrides, help_text,  # noqa: E402
-                           register_base, same_run_line, sweep_key)
-from gravac.errors import Interrupted, UserError  # noqa: E402
+from gravac import sweep  # noqa: E402
+from gravac.config import (  # noqa: E402
+    ConfigError,
+    check_composition,
+    check_overrides,
+    help_text,
+    register_base,
+)
 
 CONF_DIR = os.path.join(ROOT, "conf")
+# jobs started elsewhere (joblib workers, SLURM jobs) find gravac and the sweeper plug-in too
+os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
 
-
-FAILED: list[str] = []   # jobs of a sweep that failed; the sweep goes on and exits non-zero
-DONE: dict[str, tuple[int, list[str]]] = {}   # sweep: sweep_key of each job run -> (job number, overrides)
-
-
-def repeats_earlier_job(run_cfg, num: int, overrides: list[str]) -> bool:
-    """In a sweep, a job that is the same run as an earlier job (e.g. method=dense with another
-    compressor) says so in one line and is skipped, leaving no results folder; it would repeat
-    the earlier job's results, or its failure."""
-    key = sweep_key(run_cfg)
-    if key not in DONE:
-        DONE[key] = (num, overrides)
-        return False
-    print(same_run_line(run_cfg, (num, overrides), DONE[key]))
-    return True
-
-
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
-    """Build the typed config and run it; user errors end in one line and a non-zero exit."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    hc = HydraConfig.get()
-    sweep = hc.mode == RunMode.MULTIRUN
-    try:
-        run_cfg = build_config(cfg, overrides=list(hc.overrides.task))
-        if sweep and repeats_earlier_job(run_cfg, hc.job.num, list(hc.overrides.task)):
-            return
-        from gravac.launch import launch
-        launch(run_cfg, overrides=list(hc.overrides.task))
-        return
-    except Interrupted as e:   # a stop the user asked for: a hint, not an error
-        print(e.hint(), file=sys.stderr)
-        sys.exit(130)  # a Ctrl-C ends the whole sweep
-    except (ConfigError, UserError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        if not sweep:
-            sys.exit(2)
-        FAILED.append(" ".join(hc.overrides.task))
-    except KeyboardInterrupt:
-        print("interrupted before the first step; nothing to resume", file=sys.stderr)
-        sys.exit(130)
+# the task function lives in gravac.sweep: jobs in other processes import it from there
+main = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(sweep.job)
 
 
 if __name__ == "__main__":
@@ -75,6 +41,4 @@ if __name__ == "__main__":
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     main()
-    if FAILED:
-        print(f"error: {len(FAILED)} job(s) of the sweep failed: " + "; ".join(FAILED), file=sys.stderr)
-        sys.exit(2)
+    sys.exit(sweep.finish(sweep.LAST))   # a sweep's closing report; 0 after a single run

@@ -122,22 +122,50 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
+STOP_ENV = "GRAVAC_SWEEP_STOP"      # a sweep's stop file (gravac.sweep), inherited by its jobs
+
+
+def stop_requested() -> bool:
+    """Whether this process's sweep was asked to stop (its stop file exists)."""
+    path = os.environ.get(STOP_ENV)
+    return bool(path) and os.path.exists(path)
+
+
+def request_stop() -> None:
+    """Ask every job of this process's sweep to stop: running ones checkpoint at their next step,
+    later ones do not start."""
+    path = os.environ.get(STOP_ENV)
+    if path:
+        try:
+            open(path, "a").close()
+        except OSError:   # the folder is gone or unwritable: signals still stop this job
+            pass
+
+
 class StopFlag:
-    """Turns SIGINT/SIGTERM into a request to stop at the next step boundary.
+    """Turns SIGINT/SIGTERM, or the sweep's stop file, into a request to stop at the next step
+    boundary.
 
     Stopping mid-step would leave weights, residuals and records out of step with each other;
     the loop instead finishes the step, agrees with the other workers to stop, checkpoints and
-    exits. A second signal restores the default behaviour (an immediate KeyboardInterrupt).
+    exits. A second signal restores the default behaviour (an immediate KeyboardInterrupt). The
+    stop file lets a sweep stop jobs it cannot signal (joblib workers, SLURM jobs).
     """
 
     def __init__(self):
-        self.requested = False
+        self._requested = False
         self._old = {}
 
+    @property
+    def requested(self) -> bool:
+        """Read once a step: a signal came, or the sweep's stop file appeared."""
+        self._requested = self._requested or stop_requested()
+        return self._requested
+
     def _handler(self, signum, frame):
-        if self.requested:
+        if self._requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self._requested = True
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -307,6 +307,7 @@ def check_composition(argv: list[str], conf_dir: str, limit: int = 64) -> None:
     composition error into one line; the common case is an option of a plug-in other than the
     chosen one (`method=static method.epsilon=0.5`), which Hydra reports in several lines."""
     import itertools
+
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     args = [a for a in argv if not a.startswith("-")]
@@ -327,6 +328,7 @@ def check_composition(argv: list[str], conf_dir: str, limit: int = 64) -> None:
 def _composition_message(err: Exception, overrides: list[str]) -> str:
     """One line for a Hydra composition error, naming the chosen plug-in when a key is not its."""
     import re
+
     from hydra import compose
     text = str(err).strip()
     m = re.search(r"Could not override '([\w.]+)'", text)
@@ -339,6 +341,9 @@ def _composition_message(err: Exception, overrides: list[str]) -> str:
             chosen = None
         if chosen is not None and chosen in registries()[kind]:
             return not_an_option(kind, chosen, key)
+    options = re.search(r"Available options in '([\w/]+)':\n((?:\t\S+\n)+)", text + "\n")
+    if options:   # an unknown hydra/launcher (or other Hydra group) choice: name the valid ones
+        return f"{text.splitlines()[0]}; choose one of: {', '.join(options.group(2).split())}"
     return text.splitlines()[0]
 
 
@@ -360,7 +365,7 @@ def help_text(conf_dir: str) -> str:
             lines.append(f"    {e.name:13} {e.doc}{extra}")
     lines += ["", "Other groups: group=option"]
     for group in sorted(os.listdir(conf_dir)):
-        if group not in PLUGGABLE and os.path.isdir(os.path.join(conf_dir, group)):
+        if group not in PLUGGABLE and group != "hydra" and os.path.isdir(os.path.join(conf_dir, group)):
             lines.append(f"  {group}: {', '.join(group_options(group, conf_dir))}")
     common = ", ".join(f"{k}.*" for k in SECTIONS if k not in PLUGGABLE)
     lines += ["", f"Settings of every run: {common} (each key, its default and type: --cfg job)",
@@ -369,6 +374,8 @@ def help_text(conf_dir: str) -> str:
               "  python bench/run.py model=vgg16 --cfg job             # show a composed config without running",
               "  python bench/run.py method=static compressor=topk compressor.cf=100 cluster=ddp cluster.workers=2",
               "  python bench/run.py -m method=dense,gravac            # a sweep",
+              "  python bench/run.py -m hydra/launcher=joblib hydra.launcher.n_jobs=2 arm=topk10,dense   # 2 jobs at a time",
+              "  python bench/run.py -m hydra/launcher=slurm hydra.launcher.partition=P arm=topk10,dense  # SLURM jobs",
               "Data: dataset.root (default $GRAVAC_DATA_DIR, else ./data). Results: experiment.results_root. "
               "See README.md; Hydra's own help: --hydra-help"]
     return "\n".join(lines)

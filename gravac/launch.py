@@ -20,10 +20,18 @@ import yaml
 from gravac.comm import DistGroup, SimGroup
 from gravac.config import saved_config
 from gravac.errors import Interrupted, UserError, WorkerFailed
-from gravac.netmodel import NetworkModel
 from gravac.heartbeat import silent_rank
-from gravac.results import NullWriter, RunLock, RunWriter, atomic_write, make_run_dir, read_jsonl
+from gravac.netmodel import NetworkModel
+from gravac.results import (
+    NullWriter,
+    RunLock,
+    RunWriter,
+    atomic_write,
+    make_run_dir,
+    read_jsonl,
+)
 from gravac.schema import RunConfig
+from gravac.sweep import cores
 from gravac.track import Tracker
 
 
@@ -144,7 +152,7 @@ def launch(cfg: RunConfig, overrides: list[str] | None = None) -> dict | None:
     command = shlex.join(["python", "bench/run.py", *[o for o in overrides or [] if not o.startswith("experiment.resume=")]])
     net = NetworkModel.from_cfg(cfg.network)
     if cfg.cluster.backend == "sim":
-        torch.set_num_threads(cfg.cluster.threads or os.cpu_count() or 1)
+        torch.set_num_threads(cfg.cluster.threads or cores())
         run_dir = _new_run_dir(cfg)
         lock = RunLock(run_dir)
         try:
@@ -186,7 +194,7 @@ def _torchrun_worker(cfg: RunConfig, command: str) -> dict | None:
     import torch.distributed as dist
     _init_dist(cfg, None, None, None)
     world = dist.get_world_size()
-    torch.set_num_threads(cfg.cluster.threads or max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    torch.set_num_threads(cfg.cluster.threads or max(1, cores() // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, workers=world))
     run_dir, lock, problem = None, None, None
     if dist.get_rank() == 0:
@@ -222,7 +230,7 @@ def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, comma
     """Entry point of a spawned worker process (must live in an importable module)."""
     import torch.distributed as dist
     world = cfg.cluster.workers
-    torch.set_num_threads(cfg.cluster.threads or max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(cfg.cluster.threads or max(1, cores() // world))
     try:
         _init_dist(cfg, init_method, rank, world)
         device = _device(cfg, rank)

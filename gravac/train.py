@@ -82,7 +82,8 @@ def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
                           shapes=workers.shapes)
     say(f"model {cfg.model.name}: {count_parameters(model):,} parameters; dataset {dataset.name} "
         f"({dataset.train_size:,} train {'tokens' if dataset.task == 'lm' else 'samples'}); "
-        f"{group.world} workers ({cfg.cluster.backend}); method {cfg.method.name}"
+        f"{group.world} workers ({cfg.cluster.backend}, {torch.get_num_threads()} thread(s) per process); "
+        f"method {cfg.method.name}"
         + (f" + {cfg.compressor.name}" if cfg.compressor.name != "none" else ""))
     momentum = method.optimizer_momentum     # DGC's momentum correction keeps momentum in its memory
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=momentum,

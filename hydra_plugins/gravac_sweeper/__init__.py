@@ -1,0 +1,1 @@
+"""Hydra sweeper plug-in of gravac-bench (conf/hydra/sweeper/gravac.yaml, the default sweeper)."""

@@ -1,0 +1,409 @@
+"""Sweeps under Hydra's launchers (issue 19): the sweep rules in the submitting process (duplicates,
+threads, stops, the closing report), joblib's parallel jobs, and a real one-node SLURM."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import ROOT, run_cli
+
+TINY = ["dataset=synthetic", "dataset.image_size=8", "dataset.train_size=256", "dataset.test_size=64", "model.width=4",
+        "cluster.workers=2", "train.batch_size=8", "logger.progress=false"]
+
+
+class FakeLauncher:
+    """Records what a Plan launches; every job completes."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+        self.launched: list[list[str]] = []
+
+    def launch(self, jobs, initial_job_idx):
+        from gravac.sweep import Outcome
+        self.launched += [list(j) for j in jobs]
+        return [SimpleNamespace(return_value=Outcome("completed")) for _ in jobs]
+
+
+@pytest.fixture
+def _composer():
+    """Compose jobs as the sweeper does, with Hydra initialised once for the test."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from gravac.config import register_base
+    register_base()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        yield lambda overrides: hydra_compose(config_name="config", overrides=overrides)
+
+
+@pytest.fixture
+def _plan(_composer, tmp_path):
+    """A Plan over `launcher` for a grid of `total` cells, its sweep folder in tmp_path."""
+    from gravac.sweep import Plan
+    return lambda launcher, total: Plan(launcher, _composer, str(tmp_path), total=total)
+
+
+def _unset_after_test(monkeypatch, *names: str) -> None:
+    """Unset `names` now and again after the test, whatever the code under test sets (a bare
+    delenv of an unset variable records nothing to undo)."""
+    for name in names:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def _own_stop_file(monkeypatch):
+    """A Plan points GRAVAC_SWEEP_STOP at its sweep folder; keep that out of other tests (a
+    later run would stop at its first step)."""
+    _unset_after_test(monkeypatch, "GRAVAC_SWEEP_STOP")
+
+
+def test_plan_skips_duplicates_before_launch_and_gives_parallel_jobs_their_threads(_plan, capsys):
+    batch = [["method=dense", "compressor=topk"], ["method=dense", "compressor=dgc"],
+             ["method=static", "compressor=topk", "cluster.threads=2"], ["method=static", "compressor=topk", "cluster=ddp"]]
+    launcher = FakeLauncher(joblib={"n_jobs": 2})
+    report = _plan(launcher, total=4).run([batch])
+    out = capsys.readouterr().out
+    assert "skipped job #1 (compressor=dgc): identical to job #0 (compressor=topk); dense ignores compressor" in out
+    from gravac.sweep import cores
+    sim, ddp = max(1, cores() // 2), max(1, cores() // (2 * 2))    # 2 jobs at a time; ddp: 2 processes each
+    assert launcher.launched == [batch[0] + [f"cluster.threads={sim}"], batch[2], batch[3] + [f"cluster.threads={ddp}"]]
+    assert f"sweep: 2 jobs at a time on {cores()} cores" in out
+    assert [(n, o) for n, o, _ in report.jobs] == [(0, batch[0]), (2, batch[2]), (3, batch[3])]  # grid numbers
+    assert report.skipped == 1
+
+
+def test_plan_leaves_threads_alone_when_jobs_run_one_at_a_time(_plan):
+    launcher = FakeLauncher()                     # no joblib: sequential (or SLURM, with its own cores)
+    _plan(launcher, total=2).run([[["method=dense"], ["method=static", "compressor=topk"]]])
+    assert launcher.launched == [["method=dense"], ["method=static", "compressor=topk"]]
+
+
+def test_parallel_jobs_follows_n_jobs_and_the_grid():
+    from gravac.sweep import cores, parallel_jobs
+    assert parallel_jobs(FakeLauncher(joblib={"n_jobs": 2}), 5) == 2
+    assert parallel_jobs(FakeLauncher(joblib={"n_jobs": 4}), 3) == 3        # never more than the jobs
+    assert parallel_jobs(FakeLauncher(joblib={"n_jobs": -1}), 64) == min(64, cores())
+    assert parallel_jobs(FakeLauncher(_EXECUTOR="local"), 3) == 3
+    assert parallel_jobs(FakeLauncher(_EXECUTOR="slurm"), 3) == 1
+    assert parallel_jobs(FakeLauncher(), 3) == 1
+
+
+def test_a_stopped_sweep_launches_nothing_more(_plan, tmp_path):
+    launcher = FakeLauncher()
+    plan = _plan(launcher, total=2)
+    (tmp_path / "stop").touch()                  # as a Ctrl-C, or an interrupted job, leaves it
+    report = plan.run([[["method=dense"]], [["method=gravac", "compressor=topk"]]])
+    assert launcher.launched == [] and report.jobs == []
+    from gravac.sweep import finish
+    assert finish(report) == 130
+
+
+def test_a_launcher_that_fails_fails_its_jobs_in_one_line(_plan, capsys):
+    class NoSbatch(FakeLauncher):
+        def launch(self, jobs, initial_job_idx):
+            raise FileNotFoundError("[Errno 2] No such file or directory: 'sbatch'")
+    from gravac.sweep import finish
+    report = _plan(NoSbatch(), total=1).run([[["method=dense"]]])
+    assert finish(report) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == ("error: 1 job(s) of the sweep failed: #0 method=dense (NoSbatch: FileNotFoundError: "
+                                    "[Errno 2] No such file or directory: 'sbatch')")
+
+
+def test_finish_reports_failures_and_stops_once(capsys):
+    from gravac.sweep import Outcome, Report, finish
+    ok, bad = Outcome("completed"), Outcome("failed", "train.lr=-1.0 is out of range: must be > 0")
+    assert finish(Report(total=2, jobs=[(0, ["a=1"], ok), (1, ["a=2"], ok)])) == 0
+    assert finish(Report(total=3, skipped=1, jobs=[(0, ["a=1"], ok), (2, ["a=3"], bad)])) == 2
+    assert capsys.readouterr().err == ("error: 1 job(s) of the sweep failed: #2 a=3 "
+                                       "(train.lr=-1.0 is out of range: must be > 0)\n")
+    hint = "interrupted at step 5; checkpoint saved. Resume with:\n  python bench/run.py a=1 experiment.resume=x"
+    code = finish(Report(total=3, jobs=[(0, ["a=1"], Outcome("interrupted", hint)), (1, ["a=2"], Outcome("not started"))]))
+    assert code == 130
+    assert capsys.readouterr().err == f"{hint}\nsweep stopped: 1 job(s) interrupted, 2 not started\n"
+    assert finish(None) == 0                      # a single run
+
+
+def test_the_stop_file_stops_a_training_loop(tmp_path, monkeypatch):
+    from gravac.checkpoint import StopFlag
+    monkeypatch.setenv("GRAVAC_SWEEP_STOP", str(tmp_path / "stop"))
+    with StopFlag() as stop:
+        assert not stop.requested
+        (tmp_path / "stop").touch()
+        assert stop.requested
+
+
+def test_a_slurm_task_becomes_a_ddp_rank(monkeypatch):
+    from conftest import make_run
+
+    from gravac.errors import UserError
+    from gravac.sweep import slurm_task
+    _unset_after_test(monkeypatch, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "nodeA")   # one node: no scontrol needed to read it
+    for k, v in dict(SLURM_STEP_NUM_TASKS="4", SLURM_PROCID="3", SLURM_LOCALID="1", SLURM_STEP_NUM_NODES="2",
+                     SLURM_JOB_ID="123", SLURM_CPUS_PER_TASK="3", SLURM_STEP_NODELIST="nodeA").items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(UserError, match="cluster=sim runs in one process"):
+        slurm_task(make_run(cluster=dict(backend="sim")))
+    cfg = slurm_task(make_run(cluster=dict(backend="ddp")))
+    assert cfg.cluster.threads == 3                     # the task's CPUs, not the node's
+    assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == \
+        dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_ADDR="nodeA")
+    assert os.environ["MASTER_PORT"] == "20123"          # from the job id: every task agrees on it
+    assert slurm_task(make_run(cluster=dict(backend="sim"))).cluster.backend == "sim"   # RANK set: leave it
+
+
+def test_the_slurm_launcher_config_composes_on_submitit():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from gravac.config import register_base
+    register_base()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
+                            return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher") and launcher.partition == "gpu"
+    assert (launcher.nodes, launcher.tasks_per_node, launcher.cpus_per_task, launcher.timeout_min) == (1, 1, 2, 240)
+    assert launcher.name == "gravac-default"               # the SLURM job name
+    assert cfg.hydra.sweeper._target_.endswith("GravacSweeper")
+
+
+def test_an_unknown_launcher_is_one_line_naming_the_launchers():
+    from gravac.config import ConfigError, check_composition, register_base
+    register_base()
+    with pytest.raises(ConfigError) as e:
+        check_composition(["hydra/launcher=nope", "method=dense"], str(ROOT / "conf"))
+    assert "\n" not in str(e.value) and "choose one of: basic, joblib, slurm" in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# joblib: real sweeps, two jobs at a time
+
+def _runs(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("default/2*") if p.is_dir())
+
+
+@pytest.mark.slow
+def test_joblib_sweep_runs_two_at_a_time_skips_duplicates_and_reports_failures(tmp_path):
+    r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "method=dense,gravac", "compressor=topk,dgc",
+                 "train.lr=0.1,-1", "train.steps=3", *TINY, f"experiment.results_root={tmp_path}"], timeout=900)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "4 job(s) of the sweep failed" in r.stderr and "Traceback" not in r.stderr
+    assert "skipped job #2 (compressor=dgc): identical to job #0 (compressor=topk); dense ignores compressor" in r.stdout
+    assert "sweep: 2 jobs at a time" in r.stdout
+    runs = _runs(tmp_path)
+    assert sorted(p.name.split("-", 2)[2].rsplit("-n2", 1)[0] for p in runs) == \
+        ["resnet_mini-dense", "resnet_mini-gravac-dgc", "resnet_mini-gravac-topk"]
+    spans = []
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["steps"] == 3
+        assert len((run / "steps.jsonl").read_text().splitlines()) == 3
+        assert "cluster.threads=" in (run / "command.txt").read_text()   # the thread count it was given
+        spans.append(((run / "config.yaml").stat().st_mtime, (run / "summary.json").stat().st_mtime))
+    spans.sort()
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans    # two runs overlapped in time
+
+
+@pytest.mark.slow
+def test_joblib_sweep_of_ddp_jobs_spawns_their_workers(tmp_path):
+    """A joblib worker's start method is loky's, which the ddp workers it spawns cannot take."""
+    r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "cluster=ddp", "method=dense,gravac",
+                 "compressor=topk", "train.steps=3", *TINY, f"experiment.results_root={tmp_path}"], timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = _runs(tmp_path)
+    assert len(runs) == 2
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["backend"] == "ddp" and summary["steps"] == 3, summary
+
+
+def _popen_sweep(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "bench" / "run.py"), *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how,methods", [("Ctrl-C to the process group", "dense,gravac,static"),
+                                         ("SIGTERM to the sweep", "dense,gravac,static"),
+                                         ("Ctrl-C to the process group", "dense")],   # a worker idles
+                         ids=["Ctrl-C", "SIGTERM", "Ctrl-C, one job"])
+def test_joblib_sweep_stop_checkpoints_the_running_jobs_and_starts_no_more(tmp_path, how, methods):
+    """Two jobs run, a third waits; a stop checkpoints both and the third never starts. With one
+    job the second worker idles: the Ctrl-C must not kill it (joblib would kill the pool)."""
+    running = min(2, len(methods.split(",")))
+    proc = _popen_sweep(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"method={methods}",
+                         "compressor=topk", "train.steps=400", "train.checkpoint_every=0", *TINY,
+                         f"experiment.results_root={tmp_path}"])
+    try:
+        t0 = time.time()
+        while not (len(_runs(tmp_path)) == running and all((p / "steps.jsonl").exists() and
+                                                            len((p / "steps.jsonl").read_text().splitlines()) >= 2
+                                                            for p in _runs(tmp_path))):
+            assert proc.poll() is None and time.time() - t0 < 400, proc.communicate()
+            time.sleep(0.2)
+        if how.startswith("Ctrl-C"):
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)      # the workers hear of it through the stop file
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    waiting = len(methods.split(",")) - running
+    assert f"sweep stopped: {running} job(s) interrupted, {waiting} not started" in err, err[-3000:]
+    assert "Traceback" not in err and err.count("Resume with:") == running, err[-3000:]
+    runs = _runs(tmp_path)
+    assert len(runs) == running                    # the third job never started
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and (run / "checkpoint" / "latest").exists()
+        assert f"experiment.resume={run}" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# a real SLURM: munged, slurmctld and slurmd on this machine, for one test
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SLURM_CONF = """ClusterName=gravactest
+SlurmctldHost=localhost
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={d}/munge.sock
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+ReturnToService=2
+KillWait=5
+NodeName=localhost NodeHostname={host} CPUs=2 RealMemory=2000 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _slurm_missing() -> str | None:
+    """Why this machine cannot start a test SLURM, or None."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "the SLURM test starts munged, slurmctld and slurmd as root; run it as root"
+    missing = [b for b in ("munged", "slurmctld", "slurmd", "sbatch", "sinfo") if shutil.which(b) is None]
+    if missing:
+        return f"{', '.join(missing)} not found: apt-get install -y slurm-wlm munge to run the SLURM test"
+    return None
+
+
+def _kill_tree_of(marker: str) -> None:
+    """SIGKILL what is left of the test cluster's jobs: processes whose environment names its
+    slurm.conf (a path no other process has)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
+@pytest.fixture
+def slurm_cluster():
+    """Environment for commands that talk to a one-node SLURM started here; every daemon, job and
+    file of it is gone after the test, whatever happened."""
+    why = _slurm_missing()
+    if why:
+        pytest.skip(why)
+    d = Path(tempfile.mkdtemp(prefix="gravac-slurm-"))
+    procs: list[subprocess.Popen] = []
+    env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
+    try:
+        for sub in ("state", "spool"):
+            (d / sub).mkdir()
+        (d / "munge.key").write_bytes(os.urandom(1024))
+        os.chmod(d / "munge.key", 0o400)
+        (d / "slurm.conf").write_text(SLURM_CONF.format(d=d, ctld_port=_free_port(), d_port=_free_port(),
+                                                        host=socket.gethostname()))
+        log = open(d / "daemons.log", "w")
+        munge = ["munged", "-F", "--force", f"--socket={d}/munge.sock", f"--key-file={d}/munge.key",
+                 f"--pid-file={d}/munged.pid", f"--seed-file={d}/munged.seed", f"--log-file={d}/munged.log"]
+        for argv in (munge, ["slurmctld", "-D", "-i", "-f", str(d / "slurm.conf")],
+                     ["slurmd", "-D", "-N", "localhost", "-f", str(d / "slurm.conf")]):
+            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+            time.sleep(1)
+        _wait_idle(env, procs, d)
+        yield env
+    finally:
+        if procs:
+            subprocess.run(["scancel", "--user", "root"], env=env, capture_output=True, timeout=30)
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        _kill_tree_of(str(d / "slurm.conf"))
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _wait_idle(env: dict, procs: list, d: Path, timeout: float = 60) -> None:
+    """Wait until the node takes jobs; fail with the daemons' last lines when it never does."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        r = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True, timeout=30)
+        if r.stdout.strip() == "idle":
+            return
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.5)
+    logs = "".join((d / n).read_text()[-1500:] for n in ("daemons.log", "slurmctld.log", "slurmd.log") if (d / n).exists())
+    pytest.fail(f"the test SLURM did not come up:\n{logs}")
+
+
+@pytest.mark.slow
+def test_slurm_sweep_runs_each_cell_as_a_job_whose_tasks_are_the_ddp_workers(slurm_cluster, tmp_path):
+    """Two cells, each a SLURM job of two tasks (srun starts them, ranks from SLURM): one results
+    folder per cell, written by rank 0, completed."""
+    r = run_cli(["-m", "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2", "hydra.launcher.cpus_per_task=1",
+                 "hydra.launcher.timeout_min=10", "arm=dense,topk10", "cluster=ddp", "train.steps=3", *TINY,
+                 f"experiment.results_root={tmp_path}"], env={**slurm_cluster, "MASTER_PORT": str(_free_port())},
+                timeout=900)   # the jobs run one after the other (2 tasks x 1 CPU fill the node): one port
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    runs = _runs(tmp_path)
+    assert len(runs) == 2, (runs, r.stderr[-3000:])
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["steps"] == 3 and summary["workers"] == 2, summary
+        assert [json.loads(line)["step"] for line in (run / "steps.jsonl").read_text().splitlines()] == [0, 1, 2]
+    logs = list(tmp_path.glob("default/.multirun/*/.submitit/*/*_log.out"))
+    assert len(logs) == 4, logs                     # 2 jobs x 2 tasks, run by SLURM
+
