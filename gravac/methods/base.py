@@ -98,6 +98,12 @@ class MethodEnv:
     costs: OpCosts | None = None  # the run's clock for compression operations (None: measured)
 
 
+def step_seed(seed: int, step: int, level: int = 0, rank: int = 0) -> int:
+    """Seed for a compressor's randomness at `step` (and compression `level`) of a run seeded
+    `seed`: shared by all workers unless `rank` differs (the DDP hooks use it too)."""
+    return (seed * 1_000_003 + step * 101 + level * 7 + rank * 7_919) % (2**62)
+
+
 class Method:
     """Base class: holds the group, the parameter layout and the run seed."""
     name = "base"
@@ -131,7 +137,7 @@ class Method:
 
     def step_seed(self, step: int, level: int = 0, rank: int = 0) -> int:
         """Seed for a compressor's randomness: shared by all workers unless `rank` differs."""
-        return (self.seed * 1_000_003 + step * 101 + level * 7 + rank * 7_919) % (2**62)
+        return step_seed(self.seed, step, level, rank)
 
     # --- what a configuration means, without building the method ---------------------------
     @classmethod
