@@ -67,7 +67,12 @@ from compressors import COMPRESSORS, COUNT_BYTES, ErrorFeedback, Payload, from_c
 from compressors.base import mix_seed
 from compressors.registry import field_errors
 from gravac.comm import pack_sparse, sparse_mean, unpack_sparse
-from gravac.gains import CodeGain, layer_norm_sum, payload_layer_norm_sum, segment_bounds
+from gravac.gains import (
+    CodeGain,
+    layer_norm_sum,
+    payload_layer_norm_sum,
+    segment_bounds,
+)
 from gravac.methods.base import CompressingMethod, step_seed
 from gravac.methods.gravac import Decision, GraVACCfg, _ratio, controller_for, sq_norm
 

@@ -13,8 +13,8 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-
 from conftest import ROOT, make_run
+
 from compressors.base import mix_seed
 from gravac.comm import SimGroup
 from gravac.hooks import GraVACState, SparseState, gravac_hook, sparse_hook
