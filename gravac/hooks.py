@@ -213,7 +213,7 @@ class CompressionState:
 def make_hook(state_cls: type) -> Callable:
     """The DDP comm hook for states of `state_cls`: per bucket begin, choose, send; end_step
     after the last bucket."""
-    def hook(state, bucket) -> torch.futures.Future:
+    def hook(state, bucket):
         if not isinstance(state, state_cls):
             raise TypeError(f"this hook needs a {state_cls.__name__}, got {type(state).__name__}")
         state.begin(bucket)
@@ -224,6 +224,8 @@ def make_hook(state_cls: type) -> Callable:
             state.end_step()
         return fut
     hook.__name__ = hook.__qualname__ = f"{state_cls.__name__[:-5].lower()}_hook"
+    # real objects, not strings: register_comm_hook compares the annotations with these
+    hook.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
     hook.__doc__ = f"DDP comm hook of {state_cls.__name__} (see gravac.hooks)."
     return hook
 
