@@ -107,12 +107,13 @@ def lag_grad(step: int) -> torch.Tensor:
     return x
 
 
-def test_gravac_hook_applies_the_in_loop_decision_one_step_later():
+@pytest.mark.parametrize("gain", [{}, dict(gain="code", gain_window=2, epsilon=0.7)], ids=["paper", "code"])
+def test_gravac_hook_applies_the_in_loop_decision_one_step_later(gain):
     """Without error feedback the gains depend on the gradients alone, so the hook's level at step
     i+1 must be the in-loop method's level at step i, and cf_min / cs must follow the same path."""
-    steps, n0 = 14, sum(SIZES[0])
-    state = GraVACState(solo_group(), compressor="topk", **GRAVAC)
-    cfg = make_run(method=dict(name="gravac", **{k: v for k, v in GRAVAC.items() if k != "error_feedback"}),
+    steps, n0, opts = 14, sum(SIZES[0]), {**GRAVAC, **gain}
+    state = GraVACState(solo_group(), compressor="topk", **opts)
+    cfg = make_run(method=dict(name="gravac", **{k: v for k, v in opts.items() if k != "error_feedback"}),
                    compressor=dict(name="topk", error_feedback=False))
     method = METHODS["gravac"].target(cfg.method, cfg.compressor, MethodEnv(
         SimGroup(1, NetworkModel.from_cfg(cfg.network)), [s for b in SIZES for s in b], torch.device("cpu")))
