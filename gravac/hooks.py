@@ -48,6 +48,9 @@ Differences from the in-loop methods (bench/run.py), and why:
 - DGC's sparsity warm-up is not applied (a hook has no epochs): set `state.cf` between steps
   (every rank alike) to schedule a CF. DGC's momentum correction is `momentum=` (the optimizer's
   momentum, which the optimizer must then run without, as the loop does).
+- GraVAC's `state.last` says what was sent (`level`, `cf_sent`, `cf_min`, `cs`) and
+  `state.decision` the controller's latest Decision (smoothed and raw gains); only the deciding
+  gain definition is computed (the loop records both for its step records).
 - Hook states are not checkpointed (residuals and GraVAC's controller start afresh on restart).
 
 Adding a state (e.g. COVAP's coarse-grained filter): subclass `CompressionState`, implement
