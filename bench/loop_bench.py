@@ -3,6 +3,13 @@
 1. ddp: our dense loop (bench/run.py cluster=ddp, 2 processes) against a minimal hand-written
    loop using torch's DistributedDataParallel with the same model, data, batch and backend.
 2. sim: our simulated cluster with N virtual workers against N x the step of one worker.
+3. hooks (`--part hooks`): DistributedDataParallel with this project's comm hooks (gravac/hooks.py:
+   Top-k 100x with error feedback, GraVAC) against torch's `allreduce_hook` and PowerSGD hook
+   (rank 1, compressing from the 3rd step), 2 gloo processes, one model and data; the hooks take
+   turns round by round in the same processes, so machine noise hits all alike. The whole model
+   is one DDP bucket (`--hook-bucket-mb`): torch's PowerSGD hook issues collectives from Future
+   callbacks, and with two buckets on gloo they were issued in different orders on the two ranks
+   here (gloo aborted: "Received data size doesn't match expected size").
 
 Step time = median of the wall-clock differences between consecutive steps (evaluation steps
 excluded), after a warm-up. Prints the ratios; the goals are ddp <= 1.05 and sim <= 1.10.
@@ -45,8 +52,8 @@ def _ddp_worker(rank: int, world: int, init: str, args, out: str) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from gravac.config import build_config
-    from gravac.config import base_node
+
+    from gravac.config import base_node, build_config
     from gravac.data import load_dataset
     from gravac.models import build_model
 
@@ -84,6 +91,84 @@ def _ddp_step_time(args) -> float:
     return statistics.median(diffs)
 
 
+HOOKS = ("allreduce", "powersgd", "topk100", "gravac")
+
+
+def _make_hook(name: str, args):
+    """(state, hook) of one compared hook (None: DDP's default process group)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    from gravac.hooks import GraVACState, SparseState, gravac_hook, sparse_hook
+    if name == "allreduce":
+        return None, default_hooks.allreduce_hook
+    if name == "powersgd":
+        return powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2), \
+            powerSGD_hook.powerSGD_hook
+    if name == "topk100":
+        return SparseState(None, compressor="topk", cf=100), sparse_hook
+    return GraVACState(None, compressor="topk", batch_size=args.batch, window=10), gravac_hook
+
+
+def _hooks_worker(rank: int, world: int, init: str, args, out: str) -> None:
+    """Every hook in turn on a fresh DDP model (same weights, same batches), `rounds` times."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from gravac.config import base_node, build_config
+    from gravac.data import load_dataset
+    from gravac.models import build_model
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    node = base_node()
+    node["dataset"].update(name="synthetic", image_size=args.image_size, root="./data")
+    node["model"].update(name=args.model)
+    cfg = build_config(node)
+    ds = load_dataset(cfg.dataset)
+    res = {name: {"times": [], "cf": []} for name in HOOKS}
+    for _ in range(args.rounds):
+        for name in HOOKS:
+            torch.manual_seed(0)
+            ddp = torch.nn.parallel.DistributedDataParallel(build_model(cfg.model, ds.num_classes, ds.task),
+                                                            bucket_cap_mb=args.hook_bucket_mb)
+            state, hook = _make_hook(name, args)
+            ddp.register_comm_hook(state, hook)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+            loader, t = ds.train_loader(rank, world, args.batch, 0), []
+            for _ in range(args.steps):
+                x, y = loader.next_batch()
+                opt.zero_grad(set_to_none=False)
+                F.cross_entropy(ddp(x), y).backward()
+                opt.step()
+                t.append(time.perf_counter())
+                if hasattr(state, "last"):
+                    res[name]["cf"].append(state.last["cf"])
+            res[name]["times"].append(statistics.median([b - a for a, b in zip(t, t[1:])][args.warmup:]))
+    if rank == 0:
+        Path(out).write_text(json.dumps(res))
+    dist.destroy_process_group()
+
+
+def hooks_comparison(args) -> list[str]:
+    """Per-step times of DDP with each hook, and their ratios to allreduce_hook."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "hooks.json")
+        mp.start_processes(_hooks_worker, args=(2, f"file://{tmp}/store", args, out), nprocs=2,
+                           start_method="spawn")
+        res = json.loads(Path(out).read_text())
+    base = min(res["allreduce"]["times"])
+    lines = [f"hooks, DDP, 2 gloo processes, {args.model}, batch {args.batch}, buckets of {args.hook_bucket_mb:g} MB, "
+             f"{args.steps} steps x {args.rounds} rounds (best round's median step):"]
+    for name in HOOKS:
+        t = min(res[name]["times"])
+        cf = res[name]["cf"]
+        what = f", mean CF {statistics.mean(cf):.1f}x" if cf else ""
+        lines.append(f"  {name:10s} {t * 1e3:8.1f} ms/step, ratio to allreduce_hook {t / base:.3f}{what}")
+    return lines
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnet_mini")
@@ -92,8 +177,16 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--sim-workers", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=2, help="alternate the two loops this many times")
+    p.add_argument("--rounds", type=int, default=2, help="alternate the compared loops this many times")
+    p.add_argument("--part", choices=("all", "loop", "hooks"), default="all",
+                   help="loop: our loop vs DDP and sim; hooks: DDP comm hooks; all: both")
+    p.add_argument("--hook-bucket-mb", type=float, default=100.0,
+                   help="DDP bucket size of the hooks part (default: the whole model in one bucket)")
     args = p.parse_args(argv)
+    if args.part in ("all", "hooks"):
+        print("\n".join(hooks_comparison(args)))
+    if args.part == "hooks":
+        return 0
 
     ours, ref = [], []
     for _ in range(args.rounds):  # alternate, so machine noise hits both sides alike

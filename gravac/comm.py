@@ -37,13 +37,40 @@ class CommStats:
         return self + other
 
 
-def _sparse_mean(values: Sequence[torch.Tensor], indices: Sequence[torch.Tensor], numel: int,
-                 world: int) -> torch.Tensor:
+def sparse_mean(values: Sequence[torch.Tensor], indices: Sequence[torch.Tensor], numel: int,
+                world: int) -> torch.Tensor:
     """Dense mean of sparse contributions, added in rank order exactly as every backend does."""
     out = torch.zeros(numel, dtype=values[0].dtype, device=values[0].device)
     for v, i in zip(values, indices):
         out.index_add_(0, i, v)
     return out.div_(world)
+
+
+def index_dtype(p: Payload) -> torch.dtype:
+    """The integer type of p's indices on the wire (int32 when every position fits)."""
+    return torch.int32 if p.index_bytes() == 4 else torch.int64
+
+
+def pack_sparse(p: Payload, padded: int) -> torch.Tensor:
+    """p's values (in their own dtype) then its indices, as the bytes of one buffer padded to
+    `padded` entries, so every rank of a gloo all-gather sends the same size."""
+    vb, ib = p.values.element_size(), p.index_bytes()
+    buf = torch.zeros(padded * (vb + ib), dtype=torch.uint8, device=p.values.device)
+    buf[: p.nnz * vb] = p.values.contiguous().view(torch.uint8)
+    buf[padded * vb: padded * vb + p.nnz * ib] = p.indices.to(index_dtype(p)).contiguous().view(torch.uint8)
+    return buf
+
+
+def unpack_sparse(bufs: Sequence[torch.Tensor], counts: Sequence[int], padded: int,
+                  like: Payload) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every rank's (values, int64 indices) from gathered `pack_sparse` buffers; padding is cut
+    off by the counts, so a padded slot never adds to a real index."""
+    vb, ib, idx_dtype = like.values.element_size(), like.index_bytes(), index_dtype(like)
+    values, indices = [], []
+    for b, c in zip(bufs, counts):
+        values.append(b[: c * vb].view(like.values.dtype))
+        indices.append(b[padded * vb: padded * vb + c * ib].clone().view(idx_dtype).long())  # clone: aligned
+    return values, indices
 
 
 class Group:
@@ -127,7 +154,7 @@ class Group:
             return out, stats
         t0 = time.perf_counter()
         values, indices, padded = self._allgather_sparse(payloads)
-        out = _sparse_mean(values, indices, p.numel, self.world)
+        out = sparse_mean(values, indices, p.numel, self.world)
         per_elem = p.values.element_size() + p.index_bytes()
         nbytes = padded * per_elem
         messages = [self.net.allgather(COUNT_BYTES, self.world), self.net.allgather(nbytes, self.world)]
@@ -196,17 +223,10 @@ class DistGroup(Group):
         dist.all_gather(counts, count)
         counts_l = [int(c.item()) for c in counts]
         padded = max(1, max(counts_l))
-        idx_dtype = torch.int32 if p.index_bytes() == 4 else torch.int64
-        vb, ib = p.values.element_size(), p.index_bytes()
-        buf = torch.zeros(padded * (vb + ib), dtype=torch.uint8, device=self.device)
-        buf[: p.nnz * vb] = p.values.contiguous().view(torch.uint8)
-        buf[padded * vb: padded * vb + p.nnz * ib] = p.indices.to(idx_dtype).contiguous().view(torch.uint8)
+        buf = pack_sparse(p, padded)
         bufs = [torch.empty_like(buf) for _ in range(n)]
         dist.all_gather(bufs, buf)
-        values, indices = [], []
-        for b, c in zip(bufs, counts_l):
-            values.append(b[: c * vb].view(p.values.dtype))
-            indices.append(b[padded * vb: padded * vb + c * ib].clone().view(idx_dtype).long())  # clone: aligned
+        values, indices = unpack_sparse(bufs, counts_l, padded, p)
         return values, indices, padded
 
     def broadcast_object(self, obj):

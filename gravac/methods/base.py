@@ -100,6 +100,12 @@ class MethodEnv:
     shapes: list[tuple[int, ...]] | None = None   # parameter shapes, same order (None: flat, one per size)
 
 
+def step_seed(seed: int, step: int, level: int = 0, rank: int = 0) -> int:
+    """Seed for a compressor's randomness at `step` (and compression `level`) of a run seeded
+    `seed`: shared by all workers unless `rank` differs (the DDP hooks use it too)."""
+    return (seed * 1_000_003 + step * 101 + level * 7 + rank * 7_919) % (2**62)
+
+
 class Method:
     """Base class: holds the group, the parameter layout and the run seed."""
     name = "base"
@@ -138,7 +144,7 @@ class Method:
 
     def step_seed(self, step: int, level: int = 0, rank: int = 0) -> int:
         """Seed for a compressor's randomness: shared by all workers unless `rank` differs."""
-        return (self.seed * 1_000_003 + step * 101 + level * 7 + rank * 7_919) % (2**62)
+        return step_seed(self.seed, step, level, rank)
 
     # --- timing: compression operations are measured and put on the run's clock -------------
     def timed(self, key: str, fn):

@@ -277,6 +277,15 @@ class GraVACController:
         self.s = ControllerState(**st)
 
 
+def controller_for(cfg: GraVACCfg, world: int) -> GraVACController:
+    """The controller a GraVAC config describes for `world` workers (the method and the DDP hook
+    share it): EWMA weight `ewma`, or N/100 when negative, or 1 with gain=code (whose sliding
+    window already smooths)."""
+    alpha = 1.0 if cfg.gain == "code" else cfg.ewma if cfg.ewma > 0 else min(1.0, world / 100)
+    return GraVACController(cfg.cf_min, cfg.cf_max, cfg.window, cfg.step, cfg.epsilon, cfg.omega, cfg.policy,
+                            alpha, reset_step=cfg.reset_step, tcomp=cfg.tcomp, grow_if=cfg.grow_if)
+
+
 def _ratio(num: float, den: float) -> float:
     """A gain from cluster sums; 1 when there is nothing to compress (den 0)."""
     return num / den if den > 0 else 1.0
@@ -298,16 +307,10 @@ class GraVAC(CompressingMethod):
     def __init__(self, cfg: GraVACCfg, compressor, env):
         super().__init__(cfg, compressor, env)
         m = cfg
-        alpha = m.ewma if m.ewma > 0 else min(1.0, self.group.world / 100)
         self.code = m.gain == "code"
-        if self.code:           # the code's own smoothing (gravac/gains.py); the controller takes it as is
-            alpha = 1.0
         self.code_min, self.code_c = CodeGain(m.gain_window, m.gain_alpha), CodeGain(m.gain_window, m.gain_alpha)
         self.bounds = segment_bounds(self.sizes)
-        self.ctl = GraVACController(
-            m.cf_min, m.cf_max, m.window, m.step, m.epsilon, m.omega, m.policy, alpha,
-            reset_step=m.reset_step, tcomp=m.tcomp,
-            grow_if=m.grow_if)
+        self.ctl = controller_for(m, self.group.world)
         self.model_time = env.modelled_time          # used when the loop gives no step time (direct use)
         self.t_prev = [0.0] * len(self.group.local_ranks)   # each local worker's last step time
 
