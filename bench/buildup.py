@@ -310,13 +310,19 @@ def main(argv=None) -> None:
                            "torch_K_over_threshold_partition": times["topk_torch_K"] / times["threshold_partition"],
                            "ours_K_over_threshold_full": times["topk_ours_K"] / times["threshold_full"]})
         print(f"{fam}: d={numel:,} K={k} done in {time.perf_counter() - t0:.0f} s", flush=True)
+        summary = save(rows, tracking, timing, out)      # after every family: a long run keeps what it did
+    print_tables(summary, tracking, timing)
+
+
+def save(rows, tracking, timing, out: Path) -> list[dict]:
+    """Write the CSVs and figures of the families done so far; the summary rows."""
     summary = summarise(rows)
     write_csv(rows, out / "buildup.csv")
     write_csv(summary, out / "buildup_summary.csv")
     write_csv(tracking, out / "tracking.csv")
     write_csv(timing, out / "selection.csv")
     figure(summary, tracking, out)
-    print_tables(summary, tracking, timing)
+    return summary
 
 
 def print_tables(summary, tracking, timing) -> None:
