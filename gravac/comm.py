@@ -89,6 +89,10 @@ class Group:
         (the gathered values' lengths are every worker's count)."""
         raise NotImplementedError
 
+    def _allgather_index(self, indices: list[torch.Tensor], index_dtype: torch.dtype) -> tuple[list[torch.Tensor], int]:
+        """All workers' index tensors in rank order (int64), and the padded count every worker sent."""
+        raise NotImplementedError
+
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's `obj`, on every worker (used for decisions taken on rank 0)."""
         raise NotImplementedError
@@ -162,6 +166,22 @@ class Group:
         return out, CommStats(nbytes + COUNT_BYTES, sum(messages), time.perf_counter() - t0, floats, messages)
 
 
+    def allgather_indices(self, indices: list[torch.Tensor], numel: int) -> tuple[list[torch.Tensor], CommStats]:
+        """Every worker's positions into a tensor of `numel` elements (one index tensor per local
+        worker in), in rank order: counts first, then the indices padded to the largest count.
+
+        For methods that agree on a union of positions before all-reducing values there (ExDyna,
+        MiCRO). Indices travel as int32 when every position fits (as in sparse payloads); no
+        gradient values move, so floats stay 0.
+        """
+        t0 = time.perf_counter()
+        ib = 4 if numel < 2**31 else 8
+        gathered, padded = self._allgather_index(indices, torch.int32 if ib == 4 else torch.int64)
+        nbytes = padded * ib
+        messages = [self.net.allgather(COUNT_BYTES, self.world), self.net.allgather(nbytes, self.world)]
+        return gathered, CommStats(nbytes + COUNT_BYTES, sum(messages), time.perf_counter() - t0, 0.0, messages)
+
+
 class SimGroup(Group):
     """N virtual workers in one process; collectives are computed as the real ones would be."""
 
@@ -180,6 +200,9 @@ class SimGroup(Group):
     def _allgather_sparse(self, payloads):
         padded = max(p.nnz for p in payloads)
         return [p.values for p in payloads], [p.indices for p in payloads], padded
+
+    def _allgather_index(self, indices, index_dtype):
+        return [i.long() for i in indices], max(1, max(i.numel() for i in indices))
 
     def broadcast_object(self, obj):
         return obj
@@ -228,6 +251,22 @@ class DistGroup(Group):
         dist.all_gather(bufs, buf)
         values, indices = unpack_sparse(bufs, counts_l, padded, p)
         return values, indices, padded
+
+    def _allgather_index(self, indices, index_dtype):
+        """Counts first, then every worker's indices padded to the largest count (at least one
+        slot, as gloo has crashed on empty tensors); the padding is cut off by the counts."""
+        (idx,) = indices
+        dist, n = self._dist, self.world
+        count = torch.tensor([idx.numel()], dtype=torch.int64, device=self.device)
+        counts = [torch.zeros_like(count) for _ in range(n)]
+        dist.all_gather(counts, count)
+        counts_l = [int(c.item()) for c in counts]
+        padded = max(1, max(counts_l))
+        buf = torch.zeros(padded, dtype=index_dtype, device=self.device)
+        buf[: idx.numel()] = idx.to(index_dtype)
+        bufs = [torch.empty_like(buf) for _ in range(n)]
+        dist.all_gather(bufs, buf)
+        return [b[:c].long() for b, c in zip(bufs, counts_l)], padded
 
     def broadcast_object(self, obj):
         box = [obj]

@@ -60,10 +60,12 @@ def build_config(cfg: Any, overrides: list[str] | None = None) -> RunConfig:
     if run.train.epochs > 0 and "train.steps" in explicit:
         raise ConfigError(f"train.steps and train.epochs={run.train.epochs:g} are both set: the run length is one "
                           "of them; drop one (epochs > 0 wins over a preset's steps)")
-    if not method_class(run.method.name).needs_compressor and run.compressor.name != NO_COMPRESSOR:
+    cls = method_class(run.method.name)
+    if not cls.needs_compressor and run.compressor.name != NO_COMPRESSOR:
         # dense ignores the compressor, so a grid `method=dense,gravac compressor=topk,dgc` works;
-        # the run records compressor=none so it is never mistaken for a compressed run
-        run.compressor = schema.CompressorCfg()
+        # the run records compressor=none so it is never mistaken for a compressed run (a method
+        # selecting by itself, as ExDyna, keeps the common keys it reads, e.g. compressor.cf)
+        run.compressor = schema.CompressorCfg(**{k: getattr(run.compressor, k) for k in cls.compressor_keys})
     return run
 
 

@@ -41,6 +41,9 @@ for _c, _opts in [("topk", {}), ("dgc", {}), ("redsync", {}), ("randomk", {}),
                   ("randomk", {"shared_indices": False})]:
     SCENARIOS[f"static_{_c}" + ("_independent" if _opts else "")] = dict(
         steps=6, method=dict(name="static"), compressor=dict(name=_c, cf=20, granularity="layer", **_opts))
+# exclusive partitions: per-worker counts differ, the union's indices go through the index all-gather
+SCENARIOS["micro"] = dict(steps=8, method=dict(name="micro"), compressor=dict(name="none", cf=20))
+SCENARIOS["exdyna"] = dict(steps=8, method=dict(name="exdyna", blocks=16, align=4), compressor=dict(name="none", cf=20))
 JOIN_TIMEOUT_S = 240
 DTYPES = (torch.float64, torch.float16)
 

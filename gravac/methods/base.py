@@ -110,6 +110,7 @@ class Method:
     """Base class: holds the group, the parameter layout and the run seed."""
     name = "base"
     needs_compressor = False     # config refuses compressor=none when True
+    compressor_keys: tuple = ()  # common compressor keys (cf, error_feedback) read without a compressor
     order = 9                    # position of the method in tables and legends
 
     clock = staticmethod(time.perf_counter)     # replaceable by tests that need deterministic times
