@@ -11,7 +11,8 @@ to every --every steps plus its evaluations, and OUT/summary.md one table per ex
 averaged over seeds; the numbers REPRODUCING.md quotes). Then plots/paper.py draws the figures and tables from
 the curated copies (not the raw runs) into OUT/plots/, so what is committed redraws itself.
 Incomplete runs and older duplicates of a setting and seed are listed and left out. OUT is
-replaced in one rename at the end: an interrupted call leaves the previous reference intact.
+replaced in one rename at the end: an interrupted call leaves the previous reference intact. Folders
+of OUT that belong to other studies (gain_probe/, gain_arms/, exdyna/, ...) are carried over as they are.
 """
 from __future__ import annotations
 
@@ -245,6 +246,7 @@ def main(argv=None) -> int:
         print("error: plots/paper.py could not draw from the curated runs; the previous reference is kept",
               file=sys.stderr)
         return code
+    keep_other_studies(out, tmp, set(experiments) | set(STUDY) | {"plots"})
     old = out + ".old"
     shutil.rmtree(old, ignore_errors=True)
     if os.path.exists(out):
@@ -253,6 +255,19 @@ def main(argv=None) -> int:
     shutil.rmtree(old, ignore_errors=True)
     print(f"reference written to {out}")
     return 0
+
+
+def keep_other_studies(out: str, tmp: str, ours: set[str]) -> None:
+    """Copy into the new reference every folder of the old one this curation does not make (other studies
+    curated into subfolders of OUT, e.g. with --out results/reference/gain_arms), so a rerun never deletes them."""
+    if not os.path.isdir(out):
+        return
+    kept = [e.name for e in os.scandir(out) if e.is_dir() and e.name not in ours and not os.path.exists(
+        os.path.join(tmp, e.name))]
+    for name in sorted(kept):
+        shutil.copytree(os.path.join(out, name), os.path.join(tmp, name), symlinks=True)
+    if kept:
+        print(f"kept as they were (other studies): {', '.join(sorted(kept))}")
 
 
 if __name__ == "__main__":

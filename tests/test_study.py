@@ -166,8 +166,13 @@ def test_reference_is_replaced_whole_and_kept_on_failure(tmp_path, capsys):
     out = tmp_path / "reference"
     assert reference.main([str(runs), "--out", str(out), "--experiments", "fixture", "--bench", ""]) == 0
     (out / "stale.txt").write_text("from an earlier study")
+    (out / "fixture" / "stale.txt").write_text("from an earlier study")
+    (out / "other_study").mkdir()                         # curated separately, e.g. --out reference/gain_arms
+    (out / "other_study" / "summary.md").write_text("kept")
     assert reference.main([str(runs), "--out", str(out), "--experiments", "fixture", "--bench", ""]) == 0
-    assert not (out / "stale.txt").exists()
+    assert not (out / "stale.txt").exists() and not (out / "fixture" / "stale.txt").exists()
+    assert (out / "other_study" / "summary.md").read_text() == "kept"
+    assert "kept as they were (other studies): other_study" in capsys.readouterr().out
     before = sorted(p.name for p in out.rglob("*"))
     assert reference.main([str(tmp_path / "nothing"), "--out", str(out), "--experiments", "fixture"]) == 2
     assert "no completed run of fixture" in capsys.readouterr().err
