@@ -62,3 +62,44 @@ def data_dir(name: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} does not exist; put {name} there (see README, Data) to run this test")
     return path
+
+
+def _gloo_child(work, rank: int, world: int, tmp: str) -> None:
+    """A spawned rank: join the gloo group (file:// rendezvous in tmp), run work(rank), save its result,
+    or its traceback for the parent to show."""
+    import traceback
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+        result = work(rank)
+        dist.destroy_process_group()
+        torch.save(result, os.path.join(tmp, f"rank{rank}.pt"))
+    except BaseException:
+        with open(os.path.join(tmp, f"rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+
+
+def gloo_ranks(work, tmp: Path, world: int = 2, timeout: float = 240) -> list:
+    """Each rank's result of work(rank) (a module-level function) run in `world` spawned processes joined
+    in one gloo group; workers that hang are killed, and failures show the workers' tracebacks."""
+    import torch
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_gloo_child, args=(work, r, world, str(tmp)), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:
+        p.kill()
+        p.join(5)
+    errors = "".join(f.read_text() for f in sorted(tmp.glob("*.err")))
+    assert not hung, f"gloo workers hung for {timeout} s and were killed\n{errors}"
+    assert all(p.exitcode == 0 for p in procs), f"gloo workers failed: {[p.exitcode for p in procs]}\n{errors}"
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]

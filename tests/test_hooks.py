@@ -8,12 +8,11 @@ import os
 import re
 import subprocess
 import sys
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ROOT, make_run
+from conftest import ROOT, gloo_ranks, make_run
 
 from compressors.base import mix_seed
 from gravac.comm import SimGroup
@@ -178,39 +177,17 @@ def _train(rank: int, state, hook, steps: int):
     return steps_out, [p.detach().clone() for p in model.parameters()]
 
 
-def _ddp_worker(rank: int, init: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD,
-                                timeout=datetime.timedelta(seconds=60))
-        res = {name: _train(rank, SparseState(None, **opts), sparse_hook, DDP_STEPS)
-               for name, opts in COMPRESSORS_DDP.items()}
-        res["gravac"] = _train(rank, GraVACState(None, compressor="topk", cf_min=2, cf_max=16, window=3,
-                                                 epsilon=0.3, ewma=0.5), gravac_hook, 8)
-        dist.destroy_process_group()
-        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    except BaseException:
-        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
-            f.write(traceback.format_exc())
-        raise
+def _ddp_work(rank: int) -> dict:
+    res = {name: _train(rank, SparseState(None, **opts), sparse_hook, DDP_STEPS)
+           for name, opts in COMPRESSORS_DDP.items()}
+    res["gravac"] = _train(rank, GraVACState(None, compressor="topk", cf_min=2, cf_max=16, window=3,
+                                             epsilon=0.3, ewma=0.5), gravac_hook, 8)
+    return res
 
 
 @pytest.fixture(scope="module")
 def ddp_runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("hooks")
-    ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_ddp_worker, args=(r, f"file://{tmp}/store", str(tmp)), daemon=True)
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(180)
-    errs = [(tmp / f"rank{r}.err").read_text() for r in range(WORLD) if (tmp / f"rank{r}.err").exists()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert not errs, errs[0]
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return gloo_ranks(_ddp_work, tmp_path_factory.mktemp("hooks"), WORLD, 180)
 
 
 def static_method(opts: dict, sizes: list[int], index: int):

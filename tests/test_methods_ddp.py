@@ -3,9 +3,7 @@ and a 2-process gloo run equals the simulated cluster on the same per-worker gra
 from __future__ import annotations
 
 import itertools
-import os
 import traceback
-from datetime import timedelta
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ import torch
 from gravac.comm import DistGroup, SimGroup
 from gravac.methods import StepContext, build_method
 from gravac.netmodel import NetworkModel
-from conftest import make_run
+from conftest import gloo_ranks, make_run
 from gravac.schema import RunConfig
 
 WORLD = 2
@@ -113,48 +111,23 @@ def run_dtypes(group, ranks: list[int]) -> dict:
     return out
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    """One gloo process: run every scenario, save the records (or each scenario's error)."""
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
-                                timeout=timedelta(seconds=60))
-        group = DistGroup(NetworkModel.from_cfg(RunConfig().network), torch.device("cpu"))
-        results = {}
-        for name in SCENARIOS:      # a deterministic error fails the same step on both ranks
-            try:
-                results[name] = run_method(name, group, [rank])
-            except Exception:
-                results[name] = traceback.format_exc()
-        results["dtypes"] = run_dtypes(group, [rank])
-        dist.destroy_process_group()
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    except BaseException:
-        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
-            f.write(traceback.format_exc())
-        raise
+def _work(rank: int) -> dict:
+    """One gloo process: every scenario's records (or its error)."""
+    group = DistGroup(NetworkModel.from_cfg(RunConfig().network), torch.device("cpu"))
+    results = {}
+    for name in SCENARIOS:      # a deterministic error fails the same step on both ranks
+        try:
+            results[name] = run_method(name, group, [rank])
+        except Exception:
+            results[name] = traceback.format_exc()
+    results["dtypes"] = run_dtypes(group, [rank])
+    return results
 
 
 @pytest.fixture(scope="module")
 def ddp_results(tmp_path_factory):
     """Results of both ranks of a 2-process gloo run (spawned; killed if it hangs)."""
-    tmp = tmp_path_factory.mktemp("ddp")
-    mpctx = torch.multiprocessing.get_context("spawn")
-    procs = [mpctx.Process(target=_worker, args=(r, str(tmp / "rendezvous"), str(tmp)), daemon=True)
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=JOIN_TIMEOUT_S)
-    hung = [p for p in procs if p.is_alive()]
-    for p in hung:
-        p.kill()
-        p.join(5)
-    errors = "".join(f.read_text() for f in sorted(tmp.glob("*.err")))
-    assert not hung, f"ddp workers hung for {JOIN_TIMEOUT_S} s and were killed\n{errors}"
-    assert all(p.exitcode == 0 for p in procs), f"ddp workers failed: {[p.exitcode for p in procs]}\n{errors}"
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return gloo_ranks(_work, tmp_path_factory.mktemp("ddp"), WORLD, JOIN_TIMEOUT_S)
 
 
 def records(ddp_results, rank: int, name: str) -> list[dict]:

@@ -13,14 +13,11 @@ tensors, and tensors torch's rule leaves dense at rank 2 but not at rank 1.
 """
 from __future__ import annotations
 
-import os
-import traceback
-from datetime import timedelta
 
 import numpy as np
 import pytest
 import torch
-from conftest import make_run
+from conftest import gloo_ranks, make_run
 
 from compressors.lowrank import compresses, matrix_shape
 from gravac.comm import SimGroup
@@ -80,38 +77,13 @@ def torch_run(rank: int, matrix_rank: int) -> dict:
     return {"grads": grads, "layout": layout}
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
-                                timeout=timedelta(seconds=60))
-        out = {r: torch_run(rank, r) for r in RANKS}
-        dist.destroy_process_group()
-        torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
-    except BaseException:
-        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
-            f.write(traceback.format_exc())
-        raise
+def _work(rank: int) -> dict:
+    return {r: torch_run(rank, r) for r in RANKS}
 
 
 @pytest.fixture(scope="module")
 def torch_results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("psgd")
-    mpctx = torch.multiprocessing.get_context("spawn")
-    procs = [mpctx.Process(target=_worker, args=(r, str(tmp / "rendezvous"), str(tmp)), daemon=True)
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=JOIN_TIMEOUT_S)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-    errors = "".join(f.read_text() for f in sorted(tmp.glob("*.err")))
-    assert all(p.exitcode == 0 for p in procs), f"workers failed: {[p.exitcode for p in procs]}\n{errors}"
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return gloo_ranks(_work, tmp_path_factory.mktemp("psgd"), WORLD, JOIN_TIMEOUT_S)
 
 
 def torch_initial_qs(layout: dict[int, list[int]], matrix_rank: int) -> dict[int, torch.Tensor]:
