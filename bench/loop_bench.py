@@ -47,15 +47,13 @@ def _our_step_time(args, extra: list[str], steps: int) -> float:
     return statistics.median(diffs)
 
 
-def _ddp_worker(rank: int, world: int, init: str, args, out: str) -> None:
-    """A minimal DDP loop: the reference our ddp backend is compared with."""
+def _ddp_setup(rank: int, world: int, init: str, args):
+    """Join the gloo group and build the benchmark's synthetic dataset config: (cfg, dataset)."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     from gravac.config import base_node, build_config
     from gravac.data import load_dataset
-    from gravac.models import build_model
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -63,30 +61,52 @@ def _ddp_worker(rank: int, world: int, init: str, args, out: str) -> None:
     node["dataset"].update(name="synthetic", image_size=args.image_size, root="./data")
     node["model"].update(name=args.model)
     cfg = build_config(node)
-    torch.manual_seed(0)
-    ds = load_dataset(cfg.dataset)
-    model = build_model(cfg.model, ds.num_classes, ds.task)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    loader = ds.train_loader(rank, world, args.batch, 0)
+    return cfg, load_dataset(cfg.dataset)
+
+
+def _train_steps(ddp, opt, loader, steps: int, after=None) -> list[float]:
+    """`steps` plain DDP training steps; the clock after each (and after(), when given)."""
+    import torch.nn.functional as F
     times = []
-    for _ in range(args.steps):
+    for _ in range(steps):
         x, y = loader.next_batch()
         opt.zero_grad(set_to_none=False)
         F.cross_entropy(ddp(x), y).backward()
         opt.step()
         times.append(time.perf_counter())
+        if after:
+            after()
+    return times
+
+
+def _spawn2(worker, args, name: str):
+    """Run worker(rank, 2, init, args, out) in 2 spawned gloo processes; what rank 0 wrote to `out`."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, name)
+        mp.start_processes(worker, args=(2, f"file://{tmp}/store", args, out), nprocs=2, start_method="spawn")
+        return json.loads(Path(out).read_text())
+
+
+def _ddp_worker(rank: int, world: int, init: str, args, out: str) -> None:
+    """A minimal DDP loop: the reference our ddp backend is compared with."""
+    import torch
+    import torch.distributed as dist
+
+    from gravac.models import build_model
+
+    cfg, ds = _ddp_setup(rank, world, init, args)
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(build_model(cfg.model, ds.num_classes, ds.task))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    times = _train_steps(ddp, opt, ds.train_loader(rank, world, args.batch, 0), args.steps)
     if rank == 0:
         Path(out).write_text(json.dumps(times))
     dist.destroy_process_group()
 
 
 def _ddp_step_time(args) -> float:
-    import torch.multiprocessing as mp
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "times.json")
-        mp.start_processes(_ddp_worker, args=(2, f"file://{tmp}/store", args, out), nprocs=2, start_method="spawn")
-        t = json.loads(Path(out).read_text())
+    t = _spawn2(_ddp_worker, args, "times.json")
     diffs = [b - a for a, b in zip(t, t[1:])][args.warmup:]
     return statistics.median(diffs)
 
@@ -113,19 +133,10 @@ def _hooks_worker(rank: int, world: int, init: str, args, out: str) -> None:
     """Every hook in turn on a fresh DDP model (same weights, same batches), `rounds` times."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
-    from gravac.config import base_node, build_config
-    from gravac.data import load_dataset
     from gravac.models import build_model
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    node = base_node()
-    node["dataset"].update(name="synthetic", image_size=args.image_size, root="./data")
-    node["model"].update(name=args.model)
-    cfg = build_config(node)
-    ds = load_dataset(cfg.dataset)
+    cfg, ds = _ddp_setup(rank, world, init, args)
     res = {name: {"times": [], "cf": []} for name in HOOKS}
     for _ in range(args.rounds):
         for name in HOOKS:
@@ -135,15 +146,9 @@ def _hooks_worker(rank: int, world: int, init: str, args, out: str) -> None:
             state, hook = _make_hook(name, args)
             ddp.register_comm_hook(state, hook)
             opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-            loader, t = ds.train_loader(rank, world, args.batch, 0), []
-            for _ in range(args.steps):
-                x, y = loader.next_batch()
-                opt.zero_grad(set_to_none=False)
-                F.cross_entropy(ddp(x), y).backward()
-                opt.step()
-                t.append(time.perf_counter())
-                if hasattr(state, "last"):
-                    res[name]["cf"].append(state.last["cf"])
+            cfs = res[name]["cf"]
+            t = _train_steps(ddp, opt, ds.train_loader(rank, world, args.batch, 0), args.steps,
+                             after=(lambda st=state, c=cfs: c.append(st.last["cf"])) if hasattr(state, "last") else None)
             res[name]["times"].append(statistics.median([b - a for a, b in zip(t, t[1:])][args.warmup:]))
     if rank == 0:
         Path(out).write_text(json.dumps(res))
@@ -152,12 +157,7 @@ def _hooks_worker(rank: int, world: int, init: str, args, out: str) -> None:
 
 def hooks_comparison(args) -> list[str]:
     """Per-step times of DDP with each hook, and their ratios to allreduce_hook."""
-    import torch.multiprocessing as mp
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "hooks.json")
-        mp.start_processes(_hooks_worker, args=(2, f"file://{tmp}/store", args, out), nprocs=2,
-                           start_method="spawn")
-        res = json.loads(Path(out).read_text())
+    res = _spawn2(_hooks_worker, args, "hooks.json")
     base = min(res["allreduce"]["times"])
     lines = [f"hooks, DDP, 2 gloo processes, {args.model}, batch {args.batch}, buckets of {args.hook_bucket_mb:g} MB, "
              f"{args.steps} steps x {args.rounds} rounds (best round's median step):"]
