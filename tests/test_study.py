@@ -34,10 +34,15 @@ EXPECTED = {
     "gravac09_code": ("gravac", "dgc", None, 0.9, "exponential", 1000),
     "gravac07_accepted": ("gravac", "dgc", None, 0.7, "exponential", 1000),
     "gravac_randomk": ("gravac", "randomk", None, 0.7, "exponential", 1000),
+    "accordion_powersgd": ("accordion_powersgd", "none", None, None, None, None),
+    "powersgd2": ("powersgd", "none", None, None, None, None),
+    "exdyna1000": ("exdyna", "none", 1000, None, None, None),      # cf: the global density
+    "micro1000": ("micro", "none", 1000, None, None, None),
 }
-# arm -> GraVAC options beyond the table above
+# arm -> method options beyond the table above
 EXTRA = {"gravac07_code": {"gain": "code"}, "gravac09_code": {"gain": "code"},
-         "gravac07_accepted": {"grow_if": "accepted"}, "gravac_randomk": {"cf_min": 1.5, "step": 2.0}}
+         "gravac07_accepted": {"grow_if": "accepted"}, "gravac_randomk": {"cf_min": 1.5, "step": 2.0},
+         "accordion_powersgd": {"rank": 1, "rank_critical": 2}, "powersgd2": {"rank": 2}}
 
 
 def test_every_arm_is_known():
