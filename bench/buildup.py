@@ -11,22 +11,29 @@ method with its own error feedback. Global target K = floor(d / --cf). Methods:
   topk_split   Top-k per worker at k = floor(K/N) (the same global budget as ExDyna): union <= K
   topk_shared  rank 0's top-K positions used by every worker (union K): values all-reduced after
                rank 0 broadcasts K int32 indices (modelled as (N-1)·alpha + 4K/beta, pipelined)
-  micro, exdyna  gravac/methods/exdyna.py as a run uses them, after 4N + 20 unrecorded steps in
-               which the study also multiplies the threshold by (union/K)^(1/4) each step, so that
-               they are compared at about K too: the code's start 1/(2 sqrt K) can be off by 30x
-               and its controller moves 0.5% a step (hundreds of steps, see the tracking part);
-               error feedback makes the settled threshold depend on N (a worker meets a partition
-               again after N steps of accumulated residual). The recorded steps use the code's rule.
-Recorded per step: union, the sum of the workers' counts, wire bytes one worker sends (Group's
-count: values, indices, counts, padding), bytes one worker receives, and modelled communication
-seconds. Tracking: MiCRO and ExDyna at N = --track-workers for --track-steps steps on the pool
-(asked vs achieved density, load imbalance, threshold; fixed weights, so this is the threshold
-controller's dynamics on real gradients, not a training run). Selection time, one worker, measured
-round-robin in one run: the one-pass threshold on a partition of d/N (ExDyna's selection) and on
-the whole gradient, against our exact Top-k and torch.topk at K and at K/N.
+  micro, exdyna  gravac/methods/exdyna.py as a run uses them, recorded for max(--steps, 2N) steps
+               (two partition cycles per worker, so the swing over a cycle is averaged) after an
+               unrecorded settle: 4N + 20 steps that also multiply the threshold by (union/K)^(1/4)
+               (the code's start 1/(2 sqrt K) can be off by 30x and its controller moves 0.5% a
+               step), then the code's rule alone until it holds K (mean union/K over the last 2N
+               of those steps in [0.9, 1.1]) or --settle-cap steps in all. Error feedback makes
+               the threshold that holds K depend on N (a worker meets a partition again after N
+               steps of accumulated residual), so the controller is given the time, not steered
+               while recorded. The summary gives the settle steps, whether the criterion was met
+               (a NOT HELD line when not) and the last 2N settle steps' mean union/K.
+Recorded per step: union, the sum of the workers' counts (union / sum is 1 for exclusive
+partitions, the overlap for Top-k), wire bytes one worker sends (Group's count: values, indices,
+counts, padding), bytes one worker receives, and modelled communication seconds. Tracking: MiCRO
+and ExDyna at N = --track-workers for --track-steps steps on the pool (asked vs achieved density,
+load imbalance, threshold; fixed weights, so this is the threshold controller's dynamics on real
+gradients, not a training run). Selection time, one worker, measured round-robin in one run: the
+one-pass threshold on a partition of d/N (ExDyna's selection) and on the whole gradient, against
+our exact Top-k and torch.topk at K and at K/N. --buildup-only skips tracking and selection
+timing and leaves their files as they are.
 
     python bench/buildup.py [--families mini_vgg,mini_resnet,mini_lstm] [--workers 4,8,16,32] [--cf 1000]
-                            [--steps 15] [--pool 48] [--track-steps 800] [--out results/reference/exdyna]
+                            [--steps 15] [--settle-cap 600] [--pool 48] [--track-steps 800] [--buildup-only]
+                            [--out results/reference/exdyna]
 """
 from __future__ import annotations
 
@@ -53,6 +60,7 @@ from gravac.methods.exdyna import select  # noqa: E402
 from gravac.netmodel import NetworkModel  # noqa: E402
 from gravac.results import atomic_write  # noqa: E402
 
+HOLD_LO, HOLD_HI = 0.9, 1.1                         # settling criterion on union / K (held)
 METHODS = ("topk", "topk_split", "topk_shared", "micro", "exdyna")
 LABELS = {"topk": "Top-k, k = K per worker", "topk_split": "Top-k, k = K/N per worker",
           "topk_shared": "Top-k, rank 0's indices", "micro": "MiCRO", "exdyna": "ExDyna"}
@@ -131,18 +139,45 @@ def build(name: str, group: SimGroup, sizes: list[int], cf: float, k: int):
     return build_method(cfg, group, sizes, torch.device("cpu"))
 
 
-def run_method(name: str, grads_at, sizes, net, n: int, cf: float, steps: int) -> list[dict]:
-    """Per step of method `name` on N = n workers: union, counts, bytes, modelled seconds."""
+def held(ratios: list[float], n: int) -> bool:
+    """The settling criterion: mean union / K over the last 2N steps (two partition cycles per
+    worker, so the swing over a cycle is averaged) lies in [HOLD_LO, HOLD_HI]."""
+    window = ratios[-2 * n:]
+    return len(window) == 2 * n and HOLD_LO <= statistics.fmean(window) <= HOLD_HI
+
+
+def settle(method, grads_at, n: int, k: int, fast: int, cap: int) -> dict:
+    """Unrecorded steps of MiCRO / ExDyna until the code's own controller holds K (`held` over
+    code-rule steps only) or `cap` steps; the first `fast` steps also multiply the threshold by
+    (union/K)^(1/4) to get near K sooner. Returns the steps used, whether `held` was met and the
+    mean union / K over the last 2N steps (what the criterion saw)."""
+    ratios = []
+    for t in range(cap):
+        u = method.step(grads_at(t, n), ctx(t)).extra["union"] / k
+        if t < fast:
+            method.threshold *= u ** 0.25
+            continue
+        ratios.append(u)
+        if held(ratios, n):
+            return {"settle_steps": t + 1, "settled": True, "settle_window": statistics.fmean(ratios[-2 * n:])}
+    return {"settle_steps": cap, "settled": False,
+            "settle_window": statistics.fmean(ratios[-2 * n:]) if ratios else float("nan")}
+
+
+def run_method(name: str, grads_at, sizes, net, n: int, cf: float, steps: int, cap: int) -> list[dict]:
+    """Per recorded step of method `name` on N = n workers: union, counts, bytes, modelled seconds,
+    and the settling that preceded it (MiCRO / ExDyna: max(steps, 2N) steps after `settle`)."""
     numel = sum(sizes)
     k = target_k(numel, cf)
     group = SimGroup(n, net)
     method = build(name, group, sizes, cf, k)
-    settle = 4 * n + 20 if name in ("micro", "exdyna") else 0
-    for t in range(settle):                            # unrecorded: to about K (module docstring)
-        res = method.step(grads_at(t, n), ctx(t))
-        method.threshold *= (res.extra["union"] / k) ** 0.25
+    info = {"settle_steps": 0, "settled": "", "settle_window": ""}
+    if name in ("micro", "exdyna"):
+        info = settle(method, grads_at, n, k, fast=4 * n + 20, cap=cap)
+        steps = max(steps, 2 * n)
+    start = info["settle_steps"]
     rows = []
-    for t in range(settle, settle + steps):
+    for t in range(start, start + steps):
         grads = grads_at(t, n)
         if name == "topk_shared":
             avg, wire, model_s = method.step(grads)
@@ -158,9 +193,9 @@ def run_method(name: str, grads_at, sizes, net, n: int, cf: float, steps: int) -
                 selected = res.extra["union"]
                 recv = n * 4 * res.extra["max_k"] + 4 * res.extra["union"]
         union = int(torch.count_nonzero(avg))
-        rows.append({"method": name, "workers": n, "step": t - settle, "numel": numel, "k_global": k, "selected": selected,
-                     "union": union, "union_over_k": union / k, "wire_bytes": wire, "recv_bytes": recv,
-                     "comm_model_s": model_s})
+        rows.append({"method": name, "workers": n, "step": t - start, "numel": numel, "k_global": k, "selected": selected,
+                     "union": union, "union_over_k": union / k, "union_over_selected": union / selected,
+                     "wire_bytes": wire, "recv_bytes": recv, "comm_model_s": model_s, **info})
     return rows
 
 
@@ -209,20 +244,22 @@ def write_csv(rows: list[dict], out: Path) -> None:
 
 
 def summarise(rows: list[dict]) -> list[dict]:
-    """Mean over steps per (family, method, N)."""
+    """Per (family, method, N): means over the recorded steps, union / K's min and max, and the settling."""
     keys = sorted({(r["family"], r["method"], r["workers"]) for r in rows}, key=lambda x: (x[0], METHODS.index(x[1]), x[2]))
     out = []
     for fam, m, n in keys:
         sel = [r for r in rows if (r["family"], r["method"], r["workers"]) == (fam, m, n)]
-        mean = {c: statistics.fmean(r[c] for r in sel) for c in ("union", "union_over_k", "wire_bytes", "recv_bytes",
-                                                                 "comm_model_s")}
-        out.append({"family": fam, "method": m, "workers": n, "k_global": sel[0]["k_global"], **mean})
+        mean = {c: statistics.fmean(r[c] for r in sel) for c in ("union", "union_over_k", "union_over_selected",
+                                                                 "wire_bytes", "recv_bytes", "comm_model_s")}
+        ratios = [r["union_over_k"] for r in sel]
+        out.append({"family": fam, "method": m, "workers": n, "k_global": sel[0]["k_global"], "recorded_steps": len(sel),
+                    **mean, "union_over_k_min": min(ratios), "union_over_k_max": max(ratios),
+                    **{c: sel[0][c] for c in ("settle_steps", "settled", "settle_window")}})
     return out
 
 
-def figure(summary: list[dict], tracking: list[dict], out: Path) -> None:
-    """Union / K, bytes sent and received per worker, modelled communication against N, per family;
-    then density and imbalance over the tracking steps."""
+def figure(summary: list[dict], out: Path) -> None:
+    """buildup.png: union / K, bytes sent and received per worker, modelled communication against N, per family."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -245,6 +282,14 @@ def figure(summary: list[dict], tracking: list[dict], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "buildup.png", dpi=110)
     plt.close(fig)
+
+
+def tracking_figure(tracking: list[dict], out: Path) -> None:
+    """tracking.png: density and imbalance of MiCRO and ExDyna over the tracking steps."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fams = sorted({r["family"] for r in tracking})
     fig, axes = plt.subplots(len(fams), 2, figsize=(10, 3 * len(fams)), squeeze=False)
     for i, fam in enumerate(fams):
         for m in ("micro", "exdyna"):
@@ -270,7 +315,9 @@ def parse_args(argv):
     ap.add_argument("--families", default="mini_vgg,mini_resnet,mini_lstm")
     ap.add_argument("--workers", default="4,8,16,32")
     ap.add_argument("--cf", type=float, default=1000.0, help="global CF: K = floor(d / cf)")
-    ap.add_argument("--steps", type=int, default=15, help="build-up steps per method and N")
+    ap.add_argument("--steps", type=int, default=15, help="recorded build-up steps per method and N (MiCRO, ExDyna: at least 2N)")
+    ap.add_argument("--settle-cap", type=int, default=600, help="most unrecorded settling steps of MiCRO / ExDyna")
+    ap.add_argument("--buildup-only", action="store_true", help="skip tracking and selection timing (their files stay)")
     ap.add_argument("--pool", type=int, default=48, help="real per-worker gradients per family")
     ap.add_argument("--warmup", type=int, default=10, help="dense SGD steps before the pool is drawn")
     ap.add_argument("--track-steps", type=int, default=800, help="as long as the mini runs")
@@ -297,40 +344,59 @@ def main(argv=None) -> None:
             return [pool[(t * n + r) % len(pool)] for r in range(n)]
         for n in ns:
             for m in METHODS:
-                rows += [{"family": fam, **r} for r in run_method(m, grads_at, sizes, net, n, args.cf, args.steps)]
-        thresholds = {}
-        for m in ("micro", "exdyna"):
-            rec, thresholds[m] = track(m, grads_at, sizes, net, args.track_workers, args.cf, args.track_steps)
-            tracking += [{"family": fam, **r} for r in rec]
-        k = target_k(numel, args.cf)
-        for n in ns:
-            times = time_selection(pool[0], n, k, thresholds["exdyna"], args.repeats)
-            timing.append({"family": fam, "numel": numel, "workers": n, "k_global": k, **times,
-                           "ours_K_over_threshold_partition": times["topk_ours_K"] / times["threshold_partition"],
-                           "torch_K_over_threshold_partition": times["topk_torch_K"] / times["threshold_partition"],
-                           "ours_K_over_threshold_full": times["topk_ours_K"] / times["threshold_full"]})
-        print(f"{fam}: d={numel:,} K={k} done in {time.perf_counter() - t0:.0f} s", flush=True)
+                rows += [{"family": fam, **r} for r in run_method(m, grads_at, sizes, net, n, args.cf, args.steps,
+                                                                    args.settle_cap)]
+        if not args.buildup_only:
+            tracking += track_and_time(fam, grads_at, pool, numel, sizes, net, ns, args, timing)
+        print(f"{fam}: d={numel:,} K={target_k(numel, args.cf)} done in {time.perf_counter() - t0:.0f} s", flush=True)
         summary = save(rows, tracking, timing, out)      # after every family: a long run keeps what it did
     print_tables(summary, tracking, timing)
 
 
+def track_and_time(fam, grads_at, pool, numel, sizes, net, ns, args, timing: list[dict]) -> list[dict]:
+    """The tracking rows of family `fam`; appends its selection timings to `timing`."""
+    tracking, thresholds = [], {}
+    for m in ("micro", "exdyna"):
+        rec, thresholds[m] = track(m, grads_at, sizes, net, args.track_workers, args.cf, args.track_steps)
+        tracking += [{"family": fam, **r} for r in rec]
+    k = target_k(numel, args.cf)
+    for n in ns:
+        times = time_selection(pool[0], n, k, thresholds["exdyna"], args.repeats)
+        timing.append({"family": fam, "numel": numel, "workers": n, "k_global": k, **times,
+                       "ours_K_over_threshold_partition": times["topk_ours_K"] / times["threshold_partition"],
+                       "torch_K_over_threshold_partition": times["topk_torch_K"] / times["threshold_partition"],
+                       "ours_K_over_threshold_full": times["topk_ours_K"] / times["threshold_full"]})
+    return tracking
+
+
 def save(rows, tracking, timing, out: Path) -> list[dict]:
-    """Write the CSVs and figures of the families done so far; the summary rows."""
+    """Write the CSVs and figures of the families done so far (tracking and selection only when they
+    were run, so --buildup-only leaves those files as they are); the summary rows."""
     summary = summarise(rows)
     write_csv(rows, out / "buildup.csv")
     write_csv(summary, out / "buildup_summary.csv")
-    write_csv(tracking, out / "tracking.csv")
-    write_csv(timing, out / "selection.csv")
-    figure(summary, tracking, out)
+    figure(summary, out)
+    if tracking:
+        write_csv(tracking, out / "tracking.csv")
+        write_csv(timing, out / "selection.csv")
+        tracking_figure(tracking, out)
     return summary
 
 
 def print_tables(summary, tracking, timing) -> None:
-    print("\nunion / K and bytes per worker per step (mean over steps)")
-    print(f"{'family':12} {'method':12} {'N':>3} {'union/K':>8} {'sent B':>10} {'recv B':>10} {'comm ms':>8}")
+    print("\nunion / K (mean, min-max over the recorded steps), union / sum of counts, bytes per worker per step, settling")
+    print(f"{'family':12} {'method':12} {'N':>3} {'union/K':>8} {'min':>5} {'max':>5} {'u/sum':>6} {'sent B':>10} "
+          f"{'recv B':>10} {'comm ms':>8} {'settle':>6} held")
     for r in summary:
-        print(f"{r['family']:12} {r['method']:12} {r['workers']:>3} {r['union_over_k']:8.2f} {r['wire_bytes']:10.0f} "
-              f"{r['recv_bytes']:10.0f} {1e3 * r['comm_model_s']:8.3f}")
+        print(f"{r['family']:12} {r['method']:12} {r['workers']:>3} {r['union_over_k']:8.2f} {r['union_over_k_min']:5.2f} "
+              f"{r['union_over_k_max']:5.2f} {r['union_over_selected']:6.3f} {r['wire_bytes']:10.0f} {r['recv_bytes']:10.0f} "
+              f"{1e3 * r['comm_model_s']:8.3f} {r['settle_steps']:>6} {r['settled']}")
+    for r in summary:
+        if r["settled"] is False:
+            print(f"NOT HELD: {r['family']} {r['method']} N={r['workers']}: mean union/K over the last 2N of "
+                  f"{r['settle_steps']} settling steps {r['settle_window']:.2f}, outside [{HOLD_LO}, {HOLD_HI}]")
+    if not tracking:
+        return
     print("\ndensity tracking (last 50 steps: mean density / asked, mean imbalance)")
     for fam in sorted({r["family"] for r in tracking}):
         for m in ("micro", "exdyna"):
