@@ -172,12 +172,13 @@ class Exclusive(Method):
             comps.append(comp)
         gathered, comm = self.group.allgather_indices(picks, self.numel)
         union = torch.cat(gathered).to(comps[0].device)
-        vals, agg = self.group.allreduce_mean([c[union] for c in comps])
+        sent = [c[union] for c in comps]                  # each worker's values at the union, gathered once
+        vals, agg = self.group.allreduce_mean(sent)
         comm = comm + agg
         out = torch.zeros(self.numel, dtype=vals.dtype, device=vals.device)
         out[union] = vals
-        for mem, c in zip(self.memories, comps):
-            mem.update(c, Payload(c[union], union, self.numel))
+        for mem, c, v in zip(self.memories, comps, sent):
+            mem.update(c, Payload(v, union, self.numel))
         ks = [int(i.numel()) for i in gathered]
         extra = self.record(ks, bounds)
         self.k_prev, self.ks, self.t = len(union), ks, self.t + 1
