@@ -38,6 +38,8 @@ EXPECTED = {
     "powersgd2": ("powersgd", "none", None, None, None, None),
     "exdyna1000": ("exdyna", "none", 1000, None, None, None),      # cf: the global density
     "micro1000": ("micro", "none", 1000, None, None, None),
+    "topk8000": ("static", "topk", 8000, None, None, None),          # k = K/8: exdyna1000's global K
+    "dgc8000": ("static", "dgc", 8000, None, None, None),
 }
 # arm -> method options beyond the table above
 EXTRA = {"gravac07_code": {"gain": "code"}, "gravac09_code": {"gain": "code"},
