@@ -166,3 +166,31 @@ def test_index_allgather_counts_counts_and_padding():
     assert [g.tolist() for g in gathered] == [[3, 1], [7]]
     assert comm.wire_bytes == 8 + 2 * 4 and comm.floats == 0.0              # count + 2 padded int32
     assert comm.modelled_s == pytest.approx(NET.allgather(8, 2) + NET.allgather(8, 2))
+
+
+@pytest.mark.parametrize("name", ["micro", "exdyna"])
+def test_calibrated_start_selects_about_k_at_the_first_step(name):
+    """The code's start sends many times K on this gradient; the calibrated start shares the mean
+    of the thresholds that would give each worker its share of K (on this deliberately skewed
+    gradient, 30x larger at the front, that mean over-selects in the large partitions)."""
+    k = D // 50
+    code = run(make(name), 1, 4)[0][0].extra
+    calibrated_method = make(name, threshold_start="calibrated")
+    res, bounds, gathered = run(calibrated_method, 1, 4)[0]
+    rec = res.extra
+    # by hand: each worker's |value| that keeps its share of K (k x its partition's length / D; MiCRO
+    # 1000 entries each, ExDyna 768, 768, 768, 1696), averaged over the 4 workers
+    g = grads(0, 4)
+    part = [g[w][bounds[w][0]:bounds[w][1]].abs() for w in range(4)]
+    need = [p.sort(descending=True).values[round(k * len(p) / D) - 1] for p in part]
+    assert rec["threshold"] == pytest.approx(float(sum(need) / 4), rel=1e-6)
+    assert rec["ks"] == [max(1, int((p >= rec["threshold"]).sum())) for p in part]   # none passing: one index
+    assert code["union"] > 5 * rec["union"] and rec["union"] < 3 * k
+    assert res.floats_sent == rec["union"] + 1                    # the one-float all-reduce of step 0
+    later = calibrated_method.step(grads(1, 4), ctx(1))
+    assert later.floats_sent == later.extra["union"]              # only at step 0
+
+
+def test_threshold_start_is_checked_in_one_line():
+    with pytest.raises(Exception, match="threshold_start"):
+        make("micro", threshold_start="fast")

@@ -42,6 +42,8 @@ for _c, _opts in [("topk", {}), ("dgc", {}), ("redsync", {}), ("randomk", {}),
 # exclusive partitions: per-worker counts differ, the union's indices go through the index all-gather
 SCENARIOS["micro"] = dict(steps=8, method=dict(name="micro"), compressor=dict(name="none", cf=20))
 SCENARIOS["exdyna"] = dict(steps=8, method=dict(name="exdyna", blocks=16, align=4), compressor=dict(name="none", cf=20))
+SCENARIOS["exdyna_calibrated"] = dict(steps=4, method=dict(name="exdyna", blocks=16, align=4, threshold_start="calibrated"),
+                                     compressor=dict(name="none", cf=20))
 JOIN_TIMEOUT_S = 240
 DTYPES = (torch.float64, torch.float16)
 

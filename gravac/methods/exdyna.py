@@ -36,6 +36,11 @@ Differences from the public code, and why:
   checkpoints with the threshold, K_prev, the counts and the partition sizes.
 - Momentum stays with the optimizer after averaging, as for every other method here (the code
   can apply it before the reduce, `optimizer_mom_before_reduce`).
+- `method.threshold_start=calibrated` (ours; default `code`, the code's 1/(2 sqrt(k))): the first
+  threshold is the mean over workers of the magnitude each would need to select its share of K
+  in its first partition (one sort, at step 0 only; one float all-reduced). The code's start and
+  +-0.5% steps leave the density 7-21x the target for the first ~100 steps on the CNN minis
+  (REPRODUCING.md, "ExDyna and MiCRO"); the calibrated start begins at K.
 Records: `density_target` (1/cf), `density` (K/d), `density_error` |K/d - 1/cf|, `union` K,
 `max_k`, `imbalance` (max_k · N / K - 1, the code's load inefficiency), `threshold`, `ks`
 (per-worker counts in rank order) and, for ExDyna, `blocks_min`/`blocks_max` of the partitions.
@@ -121,11 +126,13 @@ def select(x: torch.Tensor, lo: int, hi: int, thr: float, cycle: int) -> torch.T
 
 @dataclass
 class MicroCfg(MethodCfg):
-    """MiCRO has no options beyond compressor.cf (global density) and compressor.error_feedback."""
+    """MiCRO's options beyond compressor.cf (global density) and compressor.error_feedback: where
+    the threshold starts (module docstring)."""
+    threshold_start: str = option("code", choices=("code", "calibrated"))
 
 
 @dataclass
-class ExDynaCfg(MethodCfg):
+class ExDynaCfg(MicroCfg):
     """ExDyna's block layout (the code: 1024 blocks, sizes a multiple of 32, min 1024/(4N) per partition)."""
     blocks: int = option(1024, check=lambda v: v >= 1, valid=">= 1")
     align: int = option(32, check=lambda v: v >= 1, valid=">= 1")
@@ -159,18 +166,23 @@ class Exclusive(Method):
         if self.t > 0:
             self.threshold = scale_threshold(self.threshold, self.k_prev, self.k)
         bounds = self.bounds()
-        comps, picks, spans = [], [], []
+        comps, spans = [], []
         for w, g in enumerate(grads):
+            t0 = self.clock()
+            comps.append(self.memories[w].compensate(g))
+            spans.append(self.clock() - t0)
+        comm = self.calibrate(comps, bounds, spans) if self.t == 0 and self.cfg.threshold_start == "calibrated" else None
+        picks = []
+        for w, comp in enumerate(comps):
             lo, hi = bounds[(cycle + self.group.local_ranks[w]) % n]
             t0 = self.clock()
-            comp = self.memories[w].compensate(g)
             try:
                 picks.append(select(comp, lo, hi, self.threshold, cycle))
             except ValueError as e:
                 raise_diverged(e, ctx.step, self.name)
-            spans.append(self.clock() - t0)
-            comps.append(comp)
-        gathered, comm = self.group.allgather_indices(picks, self.numel)
+            spans[w] += self.clock() - t0
+        gathered, gather = self.group.allgather_indices(picks, self.numel)
+        comm = gather if comm is None else comm + gather
         union = torch.cat(gathered).to(comps[0].device)
         sent = [c[union] for c in comps]                  # each worker's values at the union, gathered once
         vals, agg = self.group.allreduce_mean(sent)
@@ -186,6 +198,20 @@ class Exclusive(Method):
                          compress_s=max(spans), extra=extra)
         res.compress_model_s = self.model_seconds(grads[0], bounds, cycle, max(spans))
         return res
+
+    def calibrate(self, comps, bounds, spans):
+        """threshold_start=calibrated: the mean over workers of the |value| each would need to
+        select its share of K in its first partition (one float all-reduced); returns its CommStats."""
+        n, mine = self.group.world, []
+        for w, comp in enumerate(comps):
+            t0 = self.clock()
+            lo, hi = bounds[self.group.local_ranks[w] % n]
+            share = min(hi - lo, max(1, round(self.k * (hi - lo) / self.numel)))
+            mine.append(comp[lo:hi].abs().topk(share, sorted=False).values.min().reshape(1).double())
+            spans[w] += self.clock() - t0
+        thr, comm = self.group.allreduce_mean(mine)
+        self.threshold = float(thr)
+        return comm
 
     def record(self, ks: list[int], bounds) -> dict:
         """The step's density, imbalance and threshold (module docstring, Records)."""
