@@ -38,13 +38,15 @@ EXPECTED = {
     "powersgd2": ("powersgd", "none", None, None, None, None),
     "exdyna1000": ("exdyna", "none", 1000, None, None, None),      # cf: the global density
     "micro1000": ("micro", "none", 1000, None, None, None),
+    "exdyna1000_calibrated": ("exdyna", "none", 1000, None, None, None),
     "topk8000": ("static", "topk", 8000, None, None, None),          # k = K/8: exdyna1000's global K
     "dgc8000": ("static", "dgc", 8000, None, None, None),
 }
 # arm -> method options beyond the table above
 EXTRA = {"gravac07_code": {"gain": "code"}, "gravac09_code": {"gain": "code"},
          "gravac07_accepted": {"grow_if": "accepted"}, "gravac_randomk": {"cf_min": 1.5, "step": 2.0},
-         "accordion_powersgd": {"rank": 1, "rank_critical": 2}, "powersgd2": {"rank": 2}}
+         "accordion_powersgd": {"rank": 1, "rank_critical": 2}, "powersgd2": {"rank": 2},
+         "exdyna1000_calibrated": {"threshold_start": "calibrated"}}
 
 
 def test_every_arm_is_known():
