@@ -2,7 +2,7 @@
 
 One row per (model, dataset, network, setting, N): the mean modelled iteration time (the run's
 clock: step_overlap_model_s when it overlapped), its exposed communication and compression time,
-the mean CF, and the scaling factor t_N / t_1 = N × single-worker throughput / cluster throughput
+the CF (parameters / mean floats sent), and the scaling factor t_N / t_1 = N × single-worker throughput / cluster throughput
 (1 = linear scaling), where t_1 = compute + optimizer on the same clock (the step without
 communication or compression, what one worker alone takes). Step 0 is left out of every mean (a
 method may profile there, as COVAP's drop_rate=auto).
@@ -12,12 +12,20 @@ from __future__ import annotations
 from plots.tables import md_table
 
 COLUMNS = ["model", "dataset", "network", "setting", "workers", "runs", "iteration_ms", "single_worker_ms",
-           "scaling_factor", "exposed_comm_ms", "compress_ms", "mean_cf"]
+           "scaling_factor", "exposed_comm_ms", "compress_ms", "cf"]
 
 
 def _mean(run, key: str) -> float:
     v = run.column(key)[1:] if len(run.steps) > 1 else run.column(key)
     return float(v.mean())
+
+
+def _cf(run) -> float:
+    """Parameters / mean floats sent per step (a mean of per-step CFs would let rare near-empty
+    steps dominate)."""
+    params = (run.summary or {}).get("parameters")
+    floats = _mean(run, "floats_sent")
+    return params / floats if params and floats else float("nan")
 
 
 def row(run) -> dict:
@@ -30,7 +38,7 @@ def row(run) -> dict:
     return {"model": run.model, "dataset": run.dataset, "network": bw, "setting": run.setting.get("label", run.method),
             "workers": run.workers, "runs": 1, "iteration_ms": 1e3 * t, "single_worker_ms": 1e3 * single,
             "scaling_factor": t / single, "exposed_comm_ms": 1e3 * exposed,
-            "compress_ms": 1e3 * _mean(run, "compress_model_s"), "mean_cf": _mean(run, "cf")}
+            "compress_ms": 1e3 * _mean(run, "compress_model_s"), "cf": _cf(run)}
 
 
 def scaling_table(runs: list) -> tuple[str, list[dict]]:
@@ -48,7 +56,7 @@ def scaling_table(runs: list) -> tuple[str, list[dict]]:
         rows.append({**dict(zip(COLUMNS[:5], key)), "runs": len(group), **avg})
     body = [[r["model"], r["network"], r["setting"], str(r["workers"]), f"{r['iteration_ms']:.1f}",
              f"{r['scaling_factor']:.3f}", f"{r['exposed_comm_ms']:.1f}", f"{r['compress_ms']:.2f}",
-             f"{r['mean_cf']:.3g}"] for r in rows]
+             f"{r['cf']:.3g}"] for r in rows]
     head = ["model", "network", "setting", "N", "iteration ms", "scaling factor t_N/t_1", "exposed comm ms",
-            "compress ms", "mean CF"]
+            "compress ms", "CF (params / mean floats)"]
     return md_table(head, body), rows

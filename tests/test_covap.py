@@ -301,3 +301,36 @@ def test_ddp_hook_ranks_agree_and_match_a_replay(hook_runs):
     numel = filtered[0]["numel"]
     for k in range(0, len(filtered) - HOOK_RATE + 1):
         assert sum(x["floats_sent"] for x in filtered[k:k + HOOK_RATE]) == numel
+
+
+# --- the scaling table (plots/scaling.py) ------------------------------------------------------------
+class StubRun:
+    """What plots/scaling.py reads of a run: per-step records, parameters, cluster size, label."""
+    model, dataset, model_key, method = "m", "d", "step_model_s", "x"
+    network, setting = {"bandwidth_gbps": 1.0, "enabled": True}, {"label": "X"}
+
+    def __init__(self, workers: int, step_s: float):
+        self.workers, self.summary = workers, {"parameters": 100}
+        first = {"step_model_s": 9.0, "compress_model_s": 0.0, "comm_model_s": 0.0, "floats_sent": 100.0,
+                 "cf": 1.0, "exposed_comm_model_s": 0.0}                       # step 0: left out
+        rest = {"step_model_s": step_s, "compress_model_s": 0.01, "comm_model_s": step_s - 0.09,
+                "floats_sent": 25.0, "cf": 4.0, "exposed_comm_model_s": step_s - 0.08}
+        self.steps = [first] + [dict(rest) for _ in range(4)]
+
+    def column(self, key):
+        import numpy as np
+        return np.array([s[key] for s in self.steps])
+
+    def has_column(self, key):
+        return key in self.steps[0]
+
+
+def test_scaling_table_by_hand():
+    """t_1 = step - compression - communication = 0.08 s; t_N / t_1; CF = 100 / 25 floats."""
+    from plots.scaling import scaling_table
+    text, rows = scaling_table([StubRun(8, 0.12), StubRun(2, 0.10), StubRun(8, 0.14)])
+    assert [(r["workers"], r["runs"]) for r in rows] == [(2, 1), (8, 2)]
+    assert rows[0]["scaling_factor"] == pytest.approx(0.10 / 0.08)
+    assert rows[1]["iteration_ms"] == pytest.approx(130.0) and rows[1]["scaling_factor"] == pytest.approx(1.625)
+    assert rows[1]["cf"] == pytest.approx(4.0) and rows[1]["compress_ms"] == pytest.approx(10.0)
+    assert "| m | 1 Gbit/s | X | 8 | 130.0 | 1.625 |" in text
