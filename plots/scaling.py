@@ -34,6 +34,8 @@ def row(run) -> dict:
     single = _mean(run, "step_model_s") - _mean(run, "compress_model_s") - _mean(run, "comm_model_s")
     net = run.network
     bw = f"{net.get('bandwidth_gbps', '?'):g} Gbit/s" if net.get("enabled", True) else "off"
+    if run.cfg("network.buckets"):                  # DDP buckets by count instead of bucket_cap_mb
+        bw += f", {run.cfg('network.buckets')} buckets"
     exposed = _mean(run, "exposed_comm_model_s") if run.has_column("exposed_comm_model_s") else float("nan")
     return {"model": run.model, "dataset": run.dataset, "network": bw, "setting": run.setting.get("label", run.method),
             "workers": run.workers, "runs": 1, "iteration_ms": 1e3 * t, "single_worker_ms": 1e3 * single,

@@ -317,6 +317,9 @@ class StubRun:
                 "floats_sent": 25.0, "cf": 4.0, "exposed_comm_model_s": step_s - 0.08}
         self.steps = [first] + [dict(rest) for _ in range(4)]
 
+    def cfg(self, key, default=None):
+        return default
+
     def column(self, key):
         import numpy as np
         return np.array([s[key] for s in self.steps])
