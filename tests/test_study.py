@@ -46,7 +46,7 @@ EXPECTED = {
 EXTRA = {"gravac07_code": {"gain": "code"}, "gravac09_code": {"gain": "code"},
          "gravac07_accepted": {"grow_if": "accepted"}, "gravac_randomk": {"cf_min": 1.5, "step": 2.0},
          "accordion_powersgd": {"rank": 1, "rank_critical": 2}, "powersgd2": {"rank": 2},
-         "covap": {"drop_rate": "auto", "ef": "schedule"}, "covap_f1": {"drop_rate": "auto", "ef": "constant"},
+         "covap": {"drop_rate": "auto", "ef": "schedule"}, "covap_f1": {"drop_rate": 4, "ef": "constant"},
          **{f"covap{r}": {"drop_rate": r, "ef": "schedule"} for r in (2, 4, 8)}}
 
 
