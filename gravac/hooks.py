@@ -53,9 +53,10 @@ Differences from the in-loop methods (bench/run.py), and why:
   gain definition is computed (the loop records both for its step records).
 - Hook states are not checkpointed (residuals and GraVAC's controller start afresh on restart).
 
-Adding a state (e.g. COVAP's coarse-grained filter): subclass `CompressionState`, implement
+Adding a state: subclass `CompressionState`, implement
 `choose(slot, grad, bucket)` (compensate, pick the payload, update the residual) and, if it
-decides per step, `end_step()`; its hook is `make_hook(TheState)`.
+decides per step, `end_step()`; its hook is `make_hook(TheState)`. COVAP's coarse-grained filter
+is one: `CovapState` and `covap_hook` in gravac/covap_hook.py.
 """
 from __future__ import annotations
 
@@ -122,8 +123,9 @@ class CompressionState:
             raise ValueError(f"momentum={momentum!r} is out of range: must be in [0, 1)")
         self.group, self.rank, self.world = process_group, process_group.rank(), process_group.size()
         self.comp_cfg, self.seed = comp_cfg, int(seed)
-        self.memory_momentum = CompressingMethod.memory_momentum_of(comp_cfg, momentum)
-        self.per_rank_seed = COMPRESSORS[comp_cfg.name].target.from_config(comp_cfg).per_rank_seed
+        # comp_cfg None: a state that uses no registered compressor (COVAP, gravac/covap_hook.py)
+        self.memory_momentum = CompressingMethod.memory_momentum_of(comp_cfg, momentum) if comp_cfg else 0.0
+        self.per_rank_seed = bool(comp_cfg) and COMPRESSORS[comp_cfg.name].target.from_config(comp_cfg).per_rank_seed
         self.slots: dict[int, Slot] = {}
         self.iteration = 0
         self.last: dict | None = None

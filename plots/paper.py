@@ -18,7 +18,7 @@ import sys
 if __package__ in (None, ""):  # run as `python plots/paper.py`: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from plots import bench, figures, tables  # noqa: E402
+from plots import bench, figures, scaling, tables  # noqa: E402
 from plots.load import find_runs, load_runs, skipped_line  # noqa: E402
 from plots.settings import Context, build_contexts  # noqa: E402
 from plots.output import Outputs  # noqa: E402
@@ -159,6 +159,11 @@ def make_tables(contexts: list[Context], out: Outputs, args) -> None:
         if rows:
             out.table("static_compression", text, rows, tables.STATIC_COLUMNS,
                       f"final metric, difference to target, speedup vs {args.reference} (Table 2)")
+    runs = [r for c in contexts for g in c.groups for r in g.runs]
+    if len({r.workers for r in runs}) > 1:           # settings run at several cluster sizes
+        text, rows = scaling.scaling_table(runs)
+        out.table("scaling", text, rows, scaling.COLUMNS,
+                  "modelled iteration time and scaling factor t_N / t_1 per cluster size (plots/scaling.py)")
 
 
 def make_bench(path: str | None, out: Outputs, args) -> None:

@@ -44,6 +44,10 @@ SCENARIOS["micro"] = dict(steps=8, method=dict(name="micro"), compressor=dict(na
 SCENARIOS["exdyna"] = dict(steps=8, method=dict(name="exdyna", blocks=16, align=4), compressor=dict(name="none", cf=20))
 SCENARIOS["exdyna_calibrated"] = dict(steps=4, method=dict(name="exdyna", blocks=16, align=4, threshold_start="calibrated"),
                                      compressor=dict(name="none", cf=20))
+# COVAP: a rotating shard filter (same positions on every worker, values all-reduced); auto R from
+# step 0's dense all-reduce (compute_s 0.02 s of ctx) decided on rank 0 and broadcast
+SCENARIOS["covap"] = dict(steps=8, method=dict(name="covap", drop_rate=3, decay_step=2), compressor=dict(name="none"))
+SCENARIOS["covap_auto"] = dict(steps=5, method=dict(name="covap", buckets=3), compressor=dict(name="none"))
 JOIN_TIMEOUT_S = 240
 DTYPES = (torch.float64, torch.float16)
 

@@ -41,12 +41,15 @@ EXPECTED = {
     "exdyna1000_calibrated": ("exdyna", "none", 1000, None, None, None),
     "topk8000": ("static", "topk", 8000, None, None, None),          # k = K/8: exdyna1000's global K
     "dgc8000": ("static", "dgc", 8000, None, None, None),
+    **{a: ("covap", "none", None, None, None, None) for a in ("covap", "covap2", "covap4", "covap8", "covap_f1")},
 }
 # arm -> method options beyond the table above
 EXTRA = {"gravac07_code": {"gain": "code"}, "gravac09_code": {"gain": "code"},
          "gravac07_accepted": {"grow_if": "accepted"}, "gravac_randomk": {"cf_min": 1.5, "step": 2.0},
          "accordion_powersgd": {"rank": 1, "rank_critical": 2}, "powersgd2": {"rank": 2},
-         "exdyna1000_calibrated": {"threshold_start": "calibrated"}}
+         "exdyna1000_calibrated": {"threshold_start": "calibrated"},
+         "covap": {"drop_rate": "auto", "ef": "schedule"}, "covap_f1": {"drop_rate": 4, "ef": "constant"},
+         **{f"covap{r}": {"drop_rate": r, "ef": "schedule"} for r in (2, 4, 8)}}
 
 
 def test_every_arm_is_known():
