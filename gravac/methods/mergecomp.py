@@ -69,7 +69,14 @@ import torch
 from compressors import COMPRESSORS, COUNT_BYTES, ErrorFeedback, Payload, option
 from compressors.base import mix_seed
 from gravac.comm import CommStats
-from gravac.methods.base import METHODS, CompressingMethod, RunStats, StepContext, StepResult, raise_diverged
+from gravac.methods.base import (
+    METHODS,
+    CompressingMethod,
+    RunStats,
+    StepContext,
+    StepResult,
+    raise_diverged,
+)
 from gravac.schema import MethodCfg
 from gravac.timeline import Piece, schedule
 
@@ -272,7 +279,8 @@ class MergeComp(CompressingMethod):
         out = torch.zeros(self.numel, dtype=grads[0].dtype, device=grads[0].device)
         comm, pieces, measured, model = CommStats(), [], 0.0, 0.0
         for gi, grp in enumerate(self.groups):
-            spans = [self.worker_span(lambda: self.compress_group(w, gi, g, cf, ctx.step)) for w, g in enumerate(grads)]
+            spans = [self.worker_span(lambda w=w, g=g, gi=gi: self.compress_group(w, gi, g, cf, ctx.step))
+                     for w, g in enumerate(grads)]
             comps, payloads = [s[0][0] for s in spans], [s[0][1] for s in spans]
             avg, agg = self.group.aggregate(payloads)
             grp.put(out, avg)
