@@ -42,6 +42,12 @@ for _c, _opts in [("topk", {}), ("dgc", {}), ("redsync", {}), ("randomk", {}),
 # exclusive partitions: per-worker counts differ, the union's indices go through the index all-gather
 SCENARIOS["micro"] = dict(steps=8, method=dict(name="micro"), compressor=dict(name="none", cf=20))
 SCENARIOS["exdyna"] = dict(steps=8, method=dict(name="exdyna", blocks=16, align=4), compressor=dict(name="none", cf=20))
+# MergeComp: every group its own message(s), DGC counts differing by worker; the binary search's
+# warm-up, (no) probes and choice (3 tensors: the code's default split 1)
+SCENARIOS["mergecomp"] = dict(steps=6, method=dict(name="mergecomp", groups=2, search="none"),
+                              compressor=dict(name="dgc", cf=20))
+SCENARIOS["mergecomp_binary"] = dict(steps=6, method=dict(name="mergecomp", warmup=1, probe_steps=2),
+                                     compressor=dict(name="topk", cf=20))
 JOIN_TIMEOUT_S = 240
 DTYPES = (torch.float64, torch.float16)
 

@@ -40,11 +40,16 @@ EXPECTED = {
     "micro1000": ("micro", "none", 1000, None, None, None),
     "topk8000": ("static", "topk", 8000, None, None, None),          # k = K/8: exdyna1000's global K
     "dgc8000": ("static", "dgc", 8000, None, None, None),
+    **{f"mergecomp_{c}100{v}": ("mergecomp", c, 100, None, None, None)
+       for c in ("topk", "dgc") for v in ("", "_exhaustive", "_layerwise", "_whole")},
 }
 # arm -> method options beyond the table above
 EXTRA = {"gravac07_code": {"gain": "code"}, "gravac09_code": {"gain": "code"},
          "gravac07_accepted": {"grow_if": "accepted"}, "gravac_randomk": {"cf_min": 1.5, "step": 2.0},
-         "accordion_powersgd": {"rank": 1, "rank_critical": 2}, "powersgd2": {"rank": 2}}
+         "accordion_powersgd": {"rank": 1, "rank_critical": 2}, "powersgd2": {"rank": 2},
+         **{f"mergecomp_{c}100{v}": opts for c in ("topk", "dgc") for v, opts in (
+             ("", {"groups": 2, "search": "binary"}), ("_exhaustive", {"groups": 2, "search": "exhaustive"}),
+             ("_layerwise", {"groups": 0, "search": "none"}), ("_whole", {"groups": 1, "search": "none"}))}}
 
 
 def test_every_arm_is_known():
