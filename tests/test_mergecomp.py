@@ -148,7 +148,7 @@ def test_model_search_sets_and_records_the_best_partition(monkeypatch):
     monkeypatch.setattr(m, "model_cost", lambda c, g: lambda cuts: sum(abs(b - a - 4) for a, b in zip(cuts, cuts[1:])))
     res = m.step(grads(0), ctx(0))
     assert res.extra["chosen"] == [0, 4, 10] == res.extra["partition"] == m.cuts
-    assert res.extra["model_s"]["0,4,10"] == 2 and len(res.extra["model_s"]) == 9
+    assert res.extra["candidates_s"]["0,4,10"] == 2 and len(res.extra["candidates_s"]) == 9
     assert m.step(grads(1), ctx(1)).extra["search_phase"] == "chosen"
 
 
@@ -162,8 +162,9 @@ def test_binary_search_probes_real_steps_on_the_run_clock():
         x = r["partition"][1] if len(r["partition"]) == 3 else 10
         prev = abs(x - 7) + 1.0
     assert [r["search_phase"] for r in recs] == ["warmup"] * 2 + ["probe"] * 8 + ["chosen"] * 2
-    assert [r.get("probe_split") for r in recs[2:10]] == [5, 5, 7, 7, 8, 8, 10, 10]
-    assert {k: v for r in recs for k, v in r.get("probe_s", {}).items()} == {"5": 3.0, "7": 1.0, "8": 2.0, "10": 4.0}
+    assert [r["partition"][1] for r in recs[2:10]] == [5, 5, 7, 7, 8, 8, 10, 10]        # the splits probed
+    assert {k: v for r in recs for k, v in r.get("candidates_s", {}).items()} == \
+        {"0,5,10": 3.0, "0,7,10": 1.0, "0,8,10": 2.0, "0,10": 4.0}
     assert recs[10]["chosen"] == [0, 7, 10] == recs[11]["partition"]
     assert recs[0]["partition"] == [0, 5, 10]          # the code's default during warm-up
     state = m.state_dict()

@@ -29,11 +29,11 @@ from the network model for the payload that compression produced, scheduled with
 profile's forward/backward/ready times (`MethodEnv.profile`; without one all groups wait for the end
 of backward). Rank 0's choice is broadcast.
 
-Records (steps.jsonl): `partition` (cut points in backward order, every step), `search_phase`
-(warmup | probe | chosen | fixed), `probe_split` (the split probed this step), `probe_s` ({split:
-mean seconds}, on the step a probe ends), `chosen` (the partition, on the step it is chosen),
-`model_s` ({cuts: modelled seconds} of the candidates, on the model search's step; the best 200
-when there are more). `explain` (summary.json) states the chosen partition, the step and the times.
+Records (steps.jsonl): `partition` (cut points in backward order, every step; during a probe, the
+candidate probed), `search_phase` (warmup | probe | chosen | fixed), `candidates_s` ({"0,x,L":
+seconds}: on the step a probe ends, its mean time on the run's clock; on the model search's step,
+every candidate's modelled time, the best 200 when there are more), `chosen` (the partition, on
+the step it is chosen). `explain` (summary.json) states the chosen partition, the step and the times.
 
 Differences from the paper and the public code, and why:
 - No dense first iteration: the backward order comes from the device profile (its ready times,
@@ -134,6 +134,11 @@ def binary_search(n: int, step: int, probed: dict[int, float]) -> tuple[str, int
         if 1 < x < n - 1 and t < best_t:
             best, best_t = x, t
     return "done", best
+
+
+def cuts_text(cuts) -> str:
+    """A partition as a record key: "0,19,22"."""
+    return ",".join(str(int(c)) for c in cuts)
 
 
 def candidates(n: int, y: int) -> int:
@@ -346,8 +351,6 @@ class MergeComp(CompressingMethod):
             extra.update(self.probe(ctx))
         self.prev_probe = self.current if self.phase == "probe" else None
         extra.update(partition=list(self.cuts), search_phase=self.phase)
-        if self.prev_probe is not None:
-            extra["probe_split"] = self.prev_probe
         return extra
 
     def probe(self, ctx: StepContext) -> dict:
@@ -356,7 +359,7 @@ class MergeComp(CompressingMethod):
         if self.current is not None and len(self.samples) >= self.cfg.probe_steps:
             mean = self.group.broadcast_object(sum(self.samples) / len(self.samples))
             self.probed[self.current] = mean
-            extra["probe_s"] = {str(self.current): mean}
+            extra["candidates_s"] = {cuts_text(split_cuts(len(self.sizes), self.current)): mean}
             self.current, self.samples = None, []
         if self.current is None:
             n = len(self.sizes)
@@ -378,7 +381,7 @@ class MergeComp(CompressingMethod):
         self.set_partition(best)
         self.phase, self.chosen_at = "chosen", self.t
         top = sorted(times.items(), key=lambda kv: kv[1])[:MAX_RECORDED]
-        return {"chosen": list(best), "model_s": {",".join(map(str, c)): t for c, t in top}}
+        return {"chosen": list(best), "candidates_s": {cuts_text(c): t for c, t in top}}
 
     def model_cost(self, ctx: StepContext, g0: torch.Tensor):
         """cuts -> modelled step seconds: each group's compression on the run's clock and its
@@ -455,8 +458,9 @@ class MergeComp(CompressingMethod):
         how = f"{self.cfg.search} search" if self.cfg.search != "none" else "fixed partition"
         head = f"MergeComp ({how}, {len(recs[-1]['partition']) - 1} group(s) of {len(self.sizes)} tensors)"
         chosen = [r for r in recs if "chosen" in r]
-        probes = {k: v for r in recs for k, v in r.get("probe_s", {}).items()}
-        probed = ", ".join(f"x={k}: {v * 1e3:.2f} ms" for k, v in probes.items())
+        cands = {k: v for r in recs for k, v in r.get("candidates_s", {}).items()}
+        binary = self.cfg.search == "binary"
+        probed = ", ".join(f"[{k}] {v * 1e3:.2f} ms" for k, v in cands.items()) if binary else ""
         if self.cfg.search == "none":
             return f"{head}: partition {recs[-1]['partition']} (cut points in backward order) throughout"
         if not chosen:
@@ -467,9 +471,9 @@ class MergeComp(CompressingMethod):
         text = f"{head}: chose {c['chosen']} (cut points in backward order) at step {c['step']}"
         if probed:
             text += f"; probed {probed}"
-        if c.get("model_s"):
-            best = min(c["model_s"].values())
-            text += f"; modelled best {best * 1e3:.2f} ms of {len(c['model_s'])} candidate(s) recorded"
+        if not binary and cands:
+            text += (f"; modelled {min(cands.values()) * 1e3:.2f} ms (best) to {max(cands.values()) * 1e3:.2f} ms "
+                     f"over {len(cands)} candidate(s) recorded")
         return text
 
     # --- what a configuration means ---------------------------------------------------------------
