@@ -159,6 +159,10 @@ def make_tables(contexts: list[Context], out: Outputs, args) -> None:
         if rows:
             out.table("static_compression", text, rows, tables.STATIC_COLUMNS,
                       f"final metric, difference to target, speedup vs {args.reference} (Table 2)")
+    res = _attempt(out, "iteration_time", args.debug, tables.iteration_table, contexts)
+    if res is not None and res[1]:
+        out.table("iteration_time", res[0], res[1], tables.ITERATION_COLUMNS,
+                  "steady-state iteration time and scaling factor (MergeComp's comparison)")
 
 
 def make_bench(path: str | None, out: Outputs, args) -> None:
