@@ -53,9 +53,12 @@ Differences from the paper and the public code, and why:
 - Messages: each group is aggregated by the collective its payload needs (Group.aggregate: a
   sparse all-gather with its count message, shared Random-k values all-reduced); the static
   layer-wise method instead joins all layers into one payload and one all-gather. The probe-time
-  broadcast and the model search's own computation are not charged to the step (the code's
-  broadcast is tiny and per probe).
-- compressor.granularity is ignored (groups are compressed flat).
+  broadcast (8 bytes per probe, as the code's) is not charged to the step.
+- compressor.granularity is ignored (groups are compressed flat). k = max(1, floor(n/cf)) per
+  group (this suite's CF convention); the code keeps int(n * ratio), the same for cf = 1/ratio up
+  to rounding.
+- The search's wall-clock cost (the model search's calibrations, the probes' bookkeeping) is not
+  on the run's clock; the probes themselves are (they are training steps).
 """
 from __future__ import annotations
 
