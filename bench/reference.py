@@ -184,11 +184,13 @@ def summary_table(exp: str, ctx: Context) -> str:
 def curate(exp: str, runs: list[Run], out: str, every: int) -> tuple[list[dict], str]:
     """Copy one experiment's runs, write its runs.csv and curves.csv; returns the rows and its summary."""
     rows, curves, summary = [], [], []
-    for ctx in build_contexts(runs):
+    contexts = build_contexts(runs)
+    for ctx in contexts:
         summary.append(summary_table(exp, ctx))
         for g in ctx.groups:
-            for run in g.runs:
+            for run in g.runs:      # several contexts (networks, worker counts): name the context too
                 name = f"{g.slug}-s{run.cfg('train.seed', 0)}"
+                name = f"{ctx.slug}-{name}" if len(contexts) > 1 else name
                 copy_run(run, os.path.join(out, exp, "runs", name))
                 rows.append(run_row(exp, g.label, run, ctx.target))
                 curves += curve_rows(exp, g.label, run, every)
