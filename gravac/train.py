@@ -79,7 +79,7 @@ def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
                                                                    cfg.train.momentum))
     clock = Clock.build(cfg, workers, group, say)
     method = build_method(cfg, group, workers.sizes, device, buckets=clock.buckets, costs=clock.costs,
-                          shapes=workers.shapes)
+                          shapes=workers.shapes, profile=clock.profile)
     say(f"model {cfg.model.name}: {count_parameters(model):,} parameters; dataset {dataset.name} "
         f"({dataset.train_size:,} train {'tokens' if dataset.task == 'lm' else 'samples'}); "
         f"{group.world} workers ({cfg.cluster.backend}, {torch.get_num_threads()} thread(s) per process); "

@@ -164,6 +164,10 @@ def make_tables(contexts: list[Context], out: Outputs, args) -> None:
         text, rows = scaling.scaling_table(runs)
         out.table("scaling", text, rows, scaling.COLUMNS,
                   "modelled iteration time and scaling factor t_N / t_1 per cluster size (plots/scaling.py)")
+    res = _attempt(out, "iteration_time", args.debug, tables.iteration_table, contexts)
+    if res is not None and res[1]:
+        out.table("iteration_time", res[0], res[1], tables.ITERATION_COLUMNS,
+                  "steady-state iteration time and scaling factor (MergeComp's comparison)")
 
 
 def make_bench(path: str | None, out: Outputs, args) -> None:

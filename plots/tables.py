@@ -328,3 +328,61 @@ def multilevel_table(rows: list[dict], source: str) -> str:
     return (f"# Direct vs multi-level compression (paper Table 3)\n\nFrom `{source}`, timed on {timed_on(rows)}. "
             f"{text}\n\n"
             + md_table(head, md_rows) + "\n")
+
+# ----------------------------------------------------------------------------------------------
+# iteration time and scaling factor (MergeComp's comparison), for contexts with scheduler runs
+
+ITERATION_COLUMNS = ["context", "setting", "method", "compressor", "cf", "runs", "steps", "window",
+                     "iteration_s", "exposed_comm_s", "single_worker_s", "scaling_factor", "partition", "chosen_at"]
+
+
+def steady_window(run) -> tuple[int, int]:
+    """Steps [a, b) of a run's steady state: after the step a search chose its partition (`chosen`),
+    else the last quarter of the run."""
+    n = len(run.steps)
+    chosen = [i for i, r in enumerate(run.steps) if "chosen" in r]
+    return (chosen[-1] + 1 if chosen and chosen[-1] + 1 < n else max(0, n - max(1, n // 4))), n
+
+
+def iteration_row(ctx: Context, grp: Group) -> dict:
+    """Mean steady-state iteration time on the run's clock and the scaling factor
+    (single-worker time, forward + backward + optimizer with no communication, / iteration time)."""
+    its, exp, single, windows = [], [], [], []
+    for run in grp.runs:
+        a, b = steady_window(run)
+        its.append(float(run.column(run.model_key)[a:b].mean()))
+        exp.append(float(run.column("exposed_comm_model_s")[a:b].mean()))
+        opt = (((run.summary or {}).get("clock") or {}).get("profile") or {}).get("optimizer_s", 0.0)
+        single.append(float(run.column("compute_model_s")[a:b].mean()) + float(opt))
+        windows.append(f"{a}-{b - 1}")
+    last = grp.first.steps[-1] if grp.first.steps else {}
+    chosen = [r["step"] for r in grp.first.steps if "chosen" in r]
+    it, sw = _mean(its), _mean(single)
+    return {"context": ctx.title, "setting": grp.label, "method": grp.method, "compressor": grp.first.compressor,
+            "cf": grp.first.cf, "runs": grp.n, "steps": len(grp.first.steps), "window": ", ".join(windows),
+            "iteration_s": it, "exposed_comm_s": _mean(exp), "single_worker_s": sw,
+            "scaling_factor": sw / it if it > 0 else None,
+            "partition": " ".join(map(str, last.get("partition", []))), "chosen_at": chosen[-1] if chosen else None}
+
+
+def iteration_table(contexts: list[Context]) -> tuple[str, list[dict]]:
+    """(markdown, csv rows) for every context holding runs that record a `partition`."""
+    md, rows = [], []
+    for ctx in contexts:
+        if not any(r.has_column("partition") for g in ctx.groups for r in g.runs):
+            continue
+        part = [iteration_row(ctx, g) for g in ctx.groups if any(r.steps for r in g.runs)]
+        rows += part
+        md.append(f"### {ctx.title}\n\n" + md_table(
+            ["Setting", "Runs", "Steady steps", "Iteration (ms)", "Exposed comm (ms)", "Scaling factor",
+             "Partition (cuts, backward order)", "Chosen at step"],
+            [[r["setting"], str(r["runs"]), r["window"], f"{r['iteration_s'] * 1e3:.2f}",
+              f"{r['exposed_comm_s'] * 1e3:.2f}",
+              f"{r['scaling_factor']:.3f}" if r["scaling_factor"] is not None else "—",
+              r["partition"] or "—", "—" if r["chosen_at"] is None else str(r["chosen_at"])] for r in part]))
+    text = ("# Iteration time and scaling factor\n\nSteady-state iteration time on the run's clock (mean "
+            "step_overlap_model_s, or step_model_s without overlap, over the steps after a search chose its "
+            "partition, else the last quarter of the run), the communication it leaves exposed, and the scaling "
+            "factor = cluster throughput / (N × single-worker throughput) = single-worker step time (forward + "
+            "backward + optimizer on the device profile, nothing sent) / iteration time.\n\n" + "\n\n".join(md) + "\n")
+    return text, rows

@@ -115,6 +115,7 @@ SETTINGS = {
     "static": ["compressor.cf=10", "method.probe_cfs=[100]"],        # probe fields
     "accordion": ["method.switch_freq=1"],                          # a regime check at step 4 (4 steps an epoch)
     "accordion_powersgd": ["method.switch_freq=1"],                 # the same with PowerSGD ranks
+    "mergecomp": ["method.search=exhaustive", "method.warmup=0"],  # candidates timed and chosen at step 0
 }
 
 

@@ -48,6 +48,12 @@ SCENARIOS["exdyna_calibrated"] = dict(steps=4, method=dict(name="exdyna", blocks
 # step 0's dense all-reduce (compute_s 0.02 s of ctx) decided on rank 0 and broadcast
 SCENARIOS["covap"] = dict(steps=8, method=dict(name="covap", drop_rate=3, decay_step=2), compressor=dict(name="none"))
 SCENARIOS["covap_auto"] = dict(steps=5, method=dict(name="covap", buckets=3), compressor=dict(name="none"))
+# MergeComp: every group its own message(s), DGC counts differing by worker; the binary search's
+# warm-up, (no) probes and choice (3 tensors: the code's default split 1)
+SCENARIOS["mergecomp"] = dict(steps=6, method=dict(name="mergecomp", groups=2, search="none"),
+                              compressor=dict(name="dgc", cf=20))
+SCENARIOS["mergecomp_binary"] = dict(steps=6, method=dict(name="mergecomp", warmup=1, probe_steps=2),
+                                     compressor=dict(name="topk", cf=20))
 JOIN_TIMEOUT_S = 240
 DTYPES = (torch.float64, torch.float16)
 

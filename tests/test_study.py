@@ -42,6 +42,8 @@ EXPECTED = {
     "topk8000": ("static", "topk", 8000, None, None, None),          # k = K/8: exdyna1000's global K
     "dgc8000": ("static", "dgc", 8000, None, None, None),
     **{a: ("covap", "none", None, None, None, None) for a in ("covap", "covap2", "covap4", "covap8", "covap_f1")},
+    **{f"mergecomp_{c}100{v}": ("mergecomp", c, 100, None, None, None)
+       for c in ("topk", "dgc") for v in ("", "_exhaustive", "_layerwise", "_whole")},
 }
 # arm -> method options beyond the table above
 EXTRA = {"gravac07_code": {"gain": "code"}, "gravac09_code": {"gain": "code"},
@@ -49,7 +51,10 @@ EXTRA = {"gravac07_code": {"gain": "code"}, "gravac09_code": {"gain": "code"},
          "accordion_powersgd": {"rank": 1, "rank_critical": 2}, "powersgd2": {"rank": 2},
          "exdyna1000_calibrated": {"threshold_start": "calibrated"},
          "covap": {"drop_rate": "auto", "ef": "schedule"}, "covap_f1": {"drop_rate": 4, "ef": "constant"},
-         **{f"covap{r}": {"drop_rate": r, "ef": "schedule"} for r in (2, 4, 8)}}
+         **{f"covap{r}": {"drop_rate": r, "ef": "schedule"} for r in (2, 4, 8)},
+         **{f"mergecomp_{c}100{v}": opts for c in ("topk", "dgc") for v, opts in (
+             ("", {"groups": 2, "search": "binary"}), ("_exhaustive", {"groups": 2, "search": "exhaustive"}),
+             ("_layerwise", {"groups": 0, "search": "none"}), ("_whole", {"groups": 1, "search": "none"}))}}
 
 
 def test_every_arm_is_known():

@@ -98,6 +98,8 @@ class MethodEnv:
     buckets: list[list[int]] | None = None   # DDP-style buckets: parameter indices, in backward order
     costs: OpCosts | None = None  # the run's clock for compression operations (None: measured)
     shapes: list[tuple[int, ...]] | None = None   # parameter shapes, same order (None: flat, one per size)
+    profile: Any = None           # the run's DeviceProfile (forward/backward/ready times), for methods that
+                                  # plan on the overlap timeline (MergeComp's model search); None: unknown
 
 
 def step_seed(seed: int, step: int, level: int = 0, rank: int = 0) -> int:
@@ -211,7 +213,8 @@ class Method:
 
 
 def build_method(run, group: Group, sizes: list[int], device: torch.device, buckets=None,
-                 costs: OpCosts | None = None, shapes: list[tuple[int, ...]] | None = None) -> Method:
+                 costs: OpCosts | None = None, shapes: list[tuple[int, ...]] | None = None,
+                 profile=None) -> Method:
     """The configured method for this group and parameter layout (run: a RunConfig); `shapes`:
     the parameters' shapes (methods that view tensors as matrices need them, PowerSGD)."""
     from gravac.registry import registries
@@ -219,7 +222,7 @@ def build_method(run, group: Group, sizes: list[int], device: torch.device, buck
     net = run.network
     env = MethodEnv(group, sizes, device, run.train.seed, run.train.momentum,
                     modelled_time=net.enabled and net.time_source != "wall", buckets=buckets, costs=costs,
-                    shapes=shapes)
+                    shapes=shapes, profile=profile)
     return cls(run.method, run.compressor, env)
 
 
