@@ -195,6 +195,10 @@ class OpCosts:
             self._calibrate(key, fn, measured)
         return self.table[key]
 
+    def calibrates(self, key: str) -> bool:
+        """Whether `cost(key, ...)` will re-run the operation (a first calibration)."""
+        return self.mode != "measured" and key not in self.table
+
     def share(self) -> None:
         """Every rank starts from rank 0's table (a concurrent run may have extended the cache
         file between two ranks' reads, and all ranks must calibrate the same operations)."""

@@ -80,3 +80,31 @@ def test_measured_clock_follows_the_steps_own_times(tmp_path):
         assert s["compute_model_s"] == pytest.approx(s["compute_s"], rel=1e-6)
         assert s["comm_model_s"] == 0
     assert summary["clock"]["compute"] == "measured"
+
+
+def test_calibrating_a_stateful_compensation_leaves_the_memory_as_it_was():
+    """A first calibration re-runs the timed operation; DGC's momentum correction updates its
+    momentum buffer in `compensate`, so without restoring it rank 0's worker 0 would drift from
+    the run with every cost already known (found by the MergeComp helper)."""
+    import torch
+
+    from gravac.comm import SimGroup
+    from gravac.methods import StepContext, build_method
+    from gravac.netmodel import NetworkModel
+    from gravac.profile import OpCosts
+    from conftest import make_run
+
+    cfg = make_run(method=dict(name="static"), compressor=dict(name="dgc", cf=10, momentum_correction=True),
+                   train=dict(momentum=0.9))
+    outs = []
+    for costs in (None, "calibrating"):
+        group = SimGroup(2, NetworkModel(alpha_s=1e-5, beta_Bps=1e9))
+        oc = None if costs is None else OpCosts(group, None, "test-machine", repeats=4)
+        method = build_method(cfg, group, [300, 200], torch.device("cpu"), costs=oc)
+        steps = []
+        for s in range(3):
+            g = [torch.randn(500, generator=torch.Generator().manual_seed(10 * s + w)) for w in range(2)]
+            ctx = StepContext(step=s, epoch=0.0, lr=0.1, lr_decayed=False, compute_s=0.01, samples=64)
+            steps.append(method.step(g, ctx).grad)
+        outs.append(torch.stack(steps))
+    assert torch.equal(outs[0], outs[1])

@@ -11,6 +11,7 @@ ItsCfg subclasses MethodCfg with the method's options (see CONTRIBUTING.md).
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -150,15 +151,21 @@ class Method:
         return step_seed(self.seed, step, level, rank)
 
     # --- timing: compression operations are measured and put on the run's clock -------------
-    def timed(self, key: str, fn):
+    def timed(self, key: str, fn, keep=None):
         """fn(), adding its seconds on the run's clock (the cost table) to the current worker's
-        tally; without a clock (the method used on its own) only the measured span counts."""
+        tally; without a clock (the method used on its own) only the measured span counts. `keep`:
+        an object with state_dict/load_state_dict that fn changes (DGC's momentum in the error
+        feedback), restored after a first calibration re-runs fn."""
         costs = self.env.costs
         if costs is None:
             return fn()
         t0 = time.perf_counter()
         out = fn()
-        self._tally += costs.cost(key, fn, time.perf_counter() - t0)
+        measured = time.perf_counter() - t0
+        saved = copy.deepcopy(keep.state_dict()) if keep is not None and costs.calibrates(key) else None
+        self._tally += costs.cost(key, fn, measured)
+        if saved is not None:
+            keep.load_state_dict(saved)
         return out
 
     def worker_span(self, work):
@@ -289,7 +296,7 @@ class CompressingMethod(Method):
     def compress_one(self, w: int, g: torch.Tensor, cf, step: int, level: int = 0) -> tuple[torch.Tensor, Payload]:
         """Local worker `w`: its gradient plus residual, and that compressed at `cf` (timed)."""
         mem = self.memories[level][w]
-        comp = self.timed(self.op_key("compensate"), lambda: mem.compensate(g))
+        comp = self.timed(self.op_key("compensate"), lambda: mem.compensate(g), keep=mem)
         seed = self.seed_for(step, level, self.group.local_ranks[w])
         try:
             return comp, self.timed(self.op_key("compress", cf=cf), lambda: self.compressor.compress(comp, cf, seed=seed))
