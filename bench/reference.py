@@ -124,14 +124,18 @@ def curve_rows(exp: str, setting: str, run: Run, every: int) -> list[dict]:
 
 
 def copy_run(run: Run, dest: str) -> None:
-    """The run's small files as they are, and its per-step record gzipped (byte-stable: no mtime)."""
+    """The run's small files as they are, and its per-step record gzipped (byte-stable: no mtime);
+    a run curated before (only steps.jsonl.gz) is copied as it is."""
     os.makedirs(dest)
     for name in COPIED:
         src = os.path.join(run.path, name)
         if os.path.exists(src):
             shutil.copyfile(src, os.path.join(dest, name))
-    with open(os.path.join(run.path, "steps.jsonl"), "rb") as f, \
-            open(os.path.join(dest, "steps.jsonl.gz"), "wb") as out:
+    src = os.path.join(run.path, "steps.jsonl")
+    if not os.path.exists(src):             # an already curated run: its gzipped record as it is
+        shutil.copyfile(src + ".gz", os.path.join(dest, "steps.jsonl.gz"))
+        return
+    with open(src, "rb") as f, open(os.path.join(dest, "steps.jsonl.gz"), "wb") as out:
         with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=9, mtime=0, filename="") as gz:
             shutil.copyfileobj(f, gz)
 
