@@ -208,3 +208,18 @@ def test_gzipped_steps_read_like_plain(tmp_path):
     (d / "steps.jsonl.gz").write_bytes(whole[: len(whole) // 2])  # a copy cut short
     cut = load_run(str(d))
     assert cut.problems and len(cut.steps) < len(plain.steps)
+
+
+def test_reference_recurates_a_curated_reference(tmp_path):
+    """A curated folder (steps.jsonl.gz only) can be curated again, e.g. into another study's
+    folder: its gzipped records are copied as they are."""
+    runs = _study_fixture(tmp_path)
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert reference.main([str(runs), "--out", str(first), "--experiments", "fixture", "--bench", ""]) == 0
+    assert reference.main([str(first / "fixture"), "--out", str(second), "--experiments", "fixture", "--bench", ""]) == 0
+    a, b = first / "fixture" / "runs", second / "fixture" / "runs"
+    assert sorted(os.listdir(a)) == sorted(os.listdir(b))
+    for name in os.listdir(a):
+        assert (a / name / "steps.jsonl.gz").read_bytes() == (b / name / "steps.jsonl.gz").read_bytes()
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "run"} for r in rows]   # noqa: E731 (folder names)
+    assert strip(_rows(first / "fixture" / "runs.csv")) == strip(_rows(second / "fixture" / "runs.csv"))
