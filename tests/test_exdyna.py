@@ -148,6 +148,8 @@ def test_config_keeps_cf_and_names_the_setting():
     assert (run_cfg.compressor.name, run_cfg.compressor.cf) == ("none", 500)
     setting = saved_config(run_cfg)["setting"]
     assert setting["label"] == "ExDyna 500x global" and setting["cf_text"] == "500x (global)"
+    calibrated = make_run(method=dict(name="micro", threshold_start="calibrated"), compressor=dict(name="none", cf=500))
+    assert saved_config(calibrated)["setting"]["label"] == "MiCRO 500x global (calibrated start)"
 
 
 def test_state_dict_round_trip_continues_identically():

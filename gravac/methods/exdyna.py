@@ -39,8 +39,9 @@ Differences from the public code, and why:
 - `method.threshold_start=calibrated` (ours; default `code`, the code's 1/(2 sqrt(k))): the first
   threshold is the mean over workers of the magnitude each would need to select its share of K
   in its first partition (one sort, at step 0 only; one float all-reduced). The code's start and
-  +-0.5% steps leave the density 7-21x the target for the first ~100 steps on the CNN minis
-  (REPRODUCING.md, "ExDyna and MiCRO"); the calibrated start begins at K.
+  +-0.5% steps leave the density 7-21x the target for the first ~100 steps on the CNN minis; the
+  calibrated start begins at K but measured worse on mini_vgg (the gradients grow after step 0
+  and the threshold follows at 0.5% a step; REPRODUCING.md, "ExDyna and MiCRO").
 Records: `density_target` (1/cf), `density` (K/d), `density_error` |K/d - 1/cf|, `union` K,
 `max_k`, `imbalance` (max_k · N / K - 1, the code's load inefficiency), `threshold`, `ks`
 (per-worker counts in rank order) and, for ExDyna, `blocks_min`/`blocks_max` of the partitions.
@@ -259,7 +260,8 @@ class Exclusive(Method):
     # --- what a configuration means ---------------------------------------------------------
     @classmethod
     def label(cls, cfg, comp) -> str:
-        return f"{cls.title} {comp.cf:g}x global"
+        start = " (calibrated start)" if getattr(cfg, "threshold_start", "code") == "calibrated" else ""
+        return f"{cls.title} {comp.cf:g}x global{start}"
 
     @classmethod
     def cf_text(cls, cfg, comp) -> str:
