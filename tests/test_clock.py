@@ -82,10 +82,14 @@ def test_measured_clock_follows_the_steps_own_times(tmp_path):
     assert summary["clock"]["compute"] == "measured"
 
 
-def test_calibrating_a_stateful_compensation_leaves_the_memory_as_it_was():
+@pytest.mark.parametrize("setting", [
+    dict(method=dict(name="static"), compressor=dict(name="dgc", cf=10, momentum_correction=True)),
+    dict(method=dict(name="covap", drop_rate=2, buckets=2), compressor=dict(name="none"))])
+def test_calibrating_a_stateful_compensation_leaves_the_memory_as_it_was(setting):
     """A first calibration re-runs the timed operation; DGC's momentum correction updates its
-    momentum buffer in `compensate`, so without restoring it rank 0's worker 0 would drift from
-    the run with every cost already known (found by the MergeComp helper)."""
+    momentum buffer in `compensate` and COVAP updates its residual in place, so without restoring
+    them rank 0's worker 0 would drift from the run with every cost already known (the first run
+    on a machine would differ from the later ones)."""
     import torch
 
     from gravac.comm import SimGroup
@@ -94,8 +98,7 @@ def test_calibrating_a_stateful_compensation_leaves_the_memory_as_it_was():
     from gravac.profile import OpCosts
     from conftest import make_run
 
-    cfg = make_run(method=dict(name="static"), compressor=dict(name="dgc", cf=10, momentum_correction=True),
-                   train=dict(momentum=0.9))
+    cfg = make_run(**setting, train=dict(momentum=0.9))
     outs = []
     for costs in (None, "calibrating"):
         group = SimGroup(2, NetworkModel(alpha_s=1e-5, beta_Bps=1e9))

@@ -153,6 +153,9 @@ class FixedCosts:
     def cost(self, key, fn, measured):
         return {"ef": 1e-3, "slice": 2e-3}[key.split(":")[1].split("(")[0]]
 
+    def calibrates(self, key):
+        return False
+
 
 def test_pieces_give_the_hand_computed_overlap_step_time():
     """R = 4, step 0: buckets 0 and 2 send 10 floats each (40 bytes: 2 alpha + 40/beta = 6 ms on 2

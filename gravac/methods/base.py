@@ -154,18 +154,20 @@ class Method:
     def timed(self, key: str, fn, keep=None):
         """fn(), adding its seconds on the run's clock (the cost table) to the current worker's
         tally; without a clock (the method used on its own) only the measured span counts. `keep`:
-        an object with state_dict/load_state_dict that fn changes (DGC's momentum in the error
-        feedback), restored after a first calibration re-runs fn."""
+        what fn changes in place (an object with state_dict/load_state_dict, as the error feedback
+        with DGC's momentum, or a tensor), restored after a first calibration re-runs fn."""
         costs = self.env.costs
         if costs is None:
             return fn()
         t0 = time.perf_counter()
         out = fn()
         measured = time.perf_counter() - t0
-        saved = copy.deepcopy(keep.state_dict()) if keep is not None and costs.calibrates(key) else None
+        saved = None
+        if keep is not None and costs.calibrates(key):
+            saved = keep.clone() if isinstance(keep, torch.Tensor) else copy.deepcopy(keep.state_dict())
         self._tally += costs.cost(key, fn, measured)
         if saved is not None:
-            keep.load_state_dict(saved)
+            keep.copy_(saved) if isinstance(keep, torch.Tensor) else keep.load_state_dict(saved)
         return out
 
     def worker_span(self, work):

@@ -204,18 +204,19 @@ class Covap(Method):
         for b, (ix, r) in enumerate(zip(self.index, self.residuals[w])):
             gb = g[ix]                                   # DDP's copy into the bucket (not compression)
             c = self.counts[b]
-            acc, s = self.op(f"ef(n={ix.numel()})", partial(compensate, r, gb, f, self.cfg.ef))
+            acc, s = self.op(f"ef(n={ix.numel()})", partial(compensate, r, gb, f, self.cfg.ef), keep=r)
             if plan[b] is not None:
-                v, s2 = self.op(f"slice(n={ix.numel()},c={c})", partial(take, acc, plan[b], c))
+                v, s2 = self.op(f"slice(n={ix.numel()},c={c})", partial(take, acc, plan[b], c), keep=acc)
                 vals.append(v)
                 s += s2
             costs.append(s)
         return vals, costs
 
-    def op(self, what: str, fn):
-        """fn() timed on the run's clock; (its result, its seconds there, or measured without a clock)."""
+    def op(self, what: str, fn, keep: torch.Tensor):
+        """fn() timed on the run's clock; (its result, its seconds there, or measured without a clock).
+        fn works in place on `keep`, which a first calibration (fn re-run) must leave as it was."""
         t0, before = time.perf_counter(), getattr(self, "_tally", 0.0)
-        out = self.timed(f"covap:{what}", fn)
+        out = self.timed(f"covap:{what}", fn, keep=keep)
         return out, (self._tally - before if self.env.costs is not None else time.perf_counter() - t0)
 
     def profile_step(self, grads, ctx: StepContext) -> StepResult:
