@@ -84,7 +84,8 @@ def test_measured_clock_follows_the_steps_own_times(tmp_path):
 
 @pytest.mark.parametrize("setting", [
     dict(method=dict(name="static"), compressor=dict(name="dgc", cf=10, momentum_correction=True)),
-    dict(method=dict(name="covap", drop_rate=2, buckets=2), compressor=dict(name="none"))])
+    dict(method=dict(name="covap", drop_rate=2, buckets=2), compressor=dict(name="none")),
+    dict(method=dict(name="mergecomp", groups=2, search="none"), compressor=dict(name="dgc", cf=10, momentum_correction=True))])
 def test_calibrating_a_stateful_compensation_leaves_the_memory_as_it_was(setting):
     """A first calibration re-runs the timed operation; DGC's momentum correction updates its
     momentum buffer in `compensate` and COVAP updates its residual in place, so without restoring

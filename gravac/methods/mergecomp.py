@@ -315,28 +315,16 @@ class MergeComp(CompressingMethod):
         """Worker w's group gi: compensated and compressed, each on the run's clock."""
         grp, mem = self.groups[gi], self.memories[w][gi]
         x = grp.take(g)
-        comp = self.clocked(self.key("compensate", grp), lambda: mem.compensate(x), lambda: pure_compensate(mem, x))
+        comp = self.timed(self.key("compensate", grp), lambda: mem.compensate(x), keep=mem)
         seed = self.group_seed(step, w, gi)
         try:
-            run = lambda: self.flat.compress(comp, cf, seed=seed)   # noqa: E731
-            return comp, self.clocked(self.key("compress", grp, cf), run, run)
+            return comp, self.timed(self.key("compress", grp, cf), lambda: self.flat.compress(comp, cf, seed=seed))
         except ValueError as e:
             raise_diverged(e, step, self.name)
 
     def key(self, op: str, grp: Group_, cf: float | None = None) -> str:
         params = {"params": grp.params} if cf is None else {"params": grp.params, "cf": cf}
         return self.op_key(f"group_{op}", **params)
-
-    def clocked(self, key: str, fn, replay):
-        """fn(), adding its seconds on the run's clock to this worker's tally; `replay` re-runs it
-        without side effects for a first calibration (DGC's compensate updates momentum)."""
-        costs = self.env.costs
-        if costs is None:
-            return fn()
-        t0 = time.perf_counter()
-        out = fn()
-        self._tally += costs.cost(key, replay, time.perf_counter() - t0)
-        return out
 
     # --- the search ---------------------------------------------------------------------------
     def plan(self, ctx: StepContext, grads) -> dict:
@@ -501,12 +489,3 @@ class MergeComp(CompressingMethod):
     @classmethod
     def sort_values(cls, cfg, comp):
         return [comp.cf, SEARCHES.index(cfg.search), cfg.groups]
-
-
-def pure_compensate(mem: ErrorFeedback, x: torch.Tensor) -> torch.Tensor:
-    """What mem.compensate(x) computes, without changing mem (for calibrating its cost)."""
-    if not mem.enabled:
-        return x
-    if mem._u is not None:
-        return mem._u.mul(mem.momentum).add_(x).add_(mem.residual)
-    return x + mem.residual
