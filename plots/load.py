@@ -236,6 +236,11 @@ class Run:
         return str((self.summary or {}).get("status", "no summary"))
 
     # -- per-step series -----------------------------------------------------------------------
+    def single_worker_s(self) -> np.ndarray:
+        """Per-step time one worker alone takes on the run's clock: the serial step without
+        compression or communication (forward + backward + optimizer, profile or measured)."""
+        return self.column("step_model_s") - self.column("compress_model_s") - self.column("comm_model_s")
+
     def column(self, key: str) -> np.ndarray:
         """Per-step values of `key` (NaN where absent), in step order."""
         return np.array([_num(r.get(key)) for r in self.steps], dtype=float)

@@ -163,7 +163,7 @@ def make_tables(contexts: list[Context], out: Outputs, args) -> None:
     if len({r.workers for r in runs}) > 1:           # settings run at several cluster sizes
         text, rows = scaling.scaling_table(runs)
         out.table("scaling", text, rows, scaling.COLUMNS,
-                  "modelled iteration time and scaling factor t_N / t_1 per cluster size (plots/scaling.py)")
+                  "modelled iteration time and scaling factor t_1 / t_N per cluster size (plots/scaling.py)")
     res = _attempt(out, "iteration_time", args.debug, tables.iteration_table, contexts)
     if res is not None and res[1]:
         out.table("iteration_time", res[0], res[1], tables.ITERATION_COLUMNS,

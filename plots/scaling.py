@@ -2,9 +2,9 @@
 
 One row per (model, dataset, network, setting, N): the mean modelled iteration time (the run's
 clock: step_overlap_model_s when it overlapped), its exposed communication and compression time,
-the CF (parameters / mean floats sent), and the scaling factor t_N / t_1 = N × single-worker throughput / cluster throughput
-(1 = linear scaling), where t_1 = compute + optimizer on the same clock (the step without
-communication or compression, what one worker alone takes). Step 0 is left out of every mean (a
+the CF (parameters / mean floats sent), and the scaling factor t_1 / t_N = cluster throughput /
+(N × single-worker throughput), the MergeComp and COVAP papers' definition, in % (100 = linear), where
+t_1 = compute + optimizer on the same clock (`Run.single_worker_s`, shared with plots/tables.py). Step 0 is left out of every mean (a
 method may profile there, as COVAP's drop_rate=auto).
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ def _cf(run) -> float:
 def row(run) -> dict:
     """The run's mean iteration time, single-worker time and what made the difference."""
     t = _mean(run, run.model_key)
-    single = _mean(run, "step_model_s") - _mean(run, "compress_model_s") - _mean(run, "comm_model_s")
+    s = run.single_worker_s()
+    single = float((s[1:] if len(s) > 1 else s).mean())
     net = run.network
     bw = f"{net.get('bandwidth_gbps', '?'):g} Gbit/s" if net.get("enabled", True) else "off"
     if run.cfg("network.buckets"):                  # DDP buckets by count instead of bucket_cap_mb
@@ -39,7 +40,7 @@ def row(run) -> dict:
     exposed = _mean(run, "exposed_comm_model_s") if run.has_column("exposed_comm_model_s") else float("nan")
     return {"model": run.model, "dataset": run.dataset, "network": bw, "setting": run.setting.get("label", run.method),
             "workers": run.workers, "runs": 1, "iteration_ms": 1e3 * t, "single_worker_ms": 1e3 * single,
-            "scaling_factor": t / single, "exposed_comm_ms": 1e3 * exposed,
+            "scaling_factor": single / t, "exposed_comm_ms": 1e3 * exposed,
             "compress_ms": 1e3 * _mean(run, "compress_model_s"), "cf": _cf(run)}
 
 
@@ -55,10 +56,11 @@ def scaling_table(runs: list) -> tuple[str, list[dict]]:
     for key in sorted(cells, key=lambda k: (k[0], k[2], k[3], k[4] or 0)):
         group = cells[key]
         avg = {k: sum(g[k] for g in group) / len(group) for k in COLUMNS[6:]}
+        avg["scaling_factor"] = avg["single_worker_ms"] / avg["iteration_ms"]    # of the means, as tables.py
         rows.append({**dict(zip(COLUMNS[:5], key)), "runs": len(group), **avg})
     body = [[r["model"], r["network"], r["setting"], str(r["workers"]), f"{r['iteration_ms']:.1f}",
-             f"{r['scaling_factor']:.3f}", f"{r['exposed_comm_ms']:.1f}", f"{r['compress_ms']:.2f}",
+             f"{100 * r['scaling_factor']:.1f}", f"{r['exposed_comm_ms']:.1f}", f"{r['compress_ms']:.2f}",
              f"{r['cf']:.3g}"] for r in rows]
-    head = ["model", "network", "setting", "N", "iteration ms", "scaling factor t_N/t_1", "exposed comm ms",
+    head = ["model", "network", "setting", "N", "iteration ms", "scaling factor t_1/t_N (%)", "exposed comm ms",
             "compress ms", "CF (params / mean floats)"]
     return md_table(head, body), rows

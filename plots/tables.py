@@ -346,14 +346,13 @@ def steady_window(run) -> tuple[int, int]:
 
 def iteration_row(ctx: Context, grp: Group) -> dict:
     """Mean steady-state iteration time on the run's clock and the scaling factor
-    (single-worker time, forward + backward + optimizer with no communication, / iteration time)."""
+    t_1 / t_N (plots/scaling.py's definition, the papers': single-worker time / iteration time)."""
     its, exp, single, windows = [], [], [], []
     for run in grp.runs:
         a, b = steady_window(run)
         its.append(float(run.column(run.model_key)[a:b].mean()))
         exp.append(float(run.column("exposed_comm_model_s")[a:b].mean()))
-        opt = (((run.summary or {}).get("clock") or {}).get("profile") or {}).get("optimizer_s", 0.0)
-        single.append(float(run.column("compute_model_s")[a:b].mean()) + float(opt))
+        single.append(float(run.single_worker_s()[a:b].mean()))
         windows.append(f"{a}-{b - 1}")
     last = grp.first.steps[-1] if grp.first.steps else {}
     chosen = [r["step"] for r in grp.first.steps if "chosen" in r]
@@ -374,15 +373,15 @@ def iteration_table(contexts: list[Context]) -> tuple[str, list[dict]]:
         part = [iteration_row(ctx, g) for g in ctx.groups if any(r.steps for r in g.runs)]
         rows += part
         md.append(f"### {ctx.title}\n\n" + md_table(
-            ["Setting", "Runs", "Steady steps", "Iteration (ms)", "Exposed comm (ms)", "Scaling factor",
+            ["Setting", "Runs", "Steady steps", "Iteration (ms)", "Exposed comm (ms)", "Scaling factor (%)",
              "Partition (cuts, backward order)", "Chosen at step"],
             [[r["setting"], str(r["runs"]), r["window"], f"{r['iteration_s'] * 1e3:.2f}",
               f"{r['exposed_comm_s'] * 1e3:.2f}",
-              f"{r['scaling_factor']:.3f}" if r["scaling_factor"] is not None else "—",
+              f"{100 * r['scaling_factor']:.1f}" if r["scaling_factor"] is not None else "—",
               r["partition"] or "—", "—" if r["chosen_at"] is None else str(r["chosen_at"])] for r in part]))
     text = ("# Iteration time and scaling factor\n\nSteady-state iteration time on the run's clock (mean "
             "step_overlap_model_s, or step_model_s without overlap, over the steps after a search chose its "
             "partition, else the last quarter of the run), the communication it leaves exposed, and the scaling "
-            "factor = cluster throughput / (N × single-worker throughput) = single-worker step time (forward + "
-            "backward + optimizer on the device profile, nothing sent) / iteration time.\n\n" + "\n\n".join(md) + "\n")
+            "factor = cluster throughput / (N × single-worker throughput) = t_1 / t_N, single-worker step time "
+            "(forward + backward + optimizer on the same clock, nothing sent) / iteration time; 100% is linear.\n\n" + "\n\n".join(md) + "\n")
     return text, rows

@@ -14,6 +14,7 @@ from gravac.methods.base import METHODS, MethodEnv
 from gravac.methods.covap import ef_factor, kept_shards, median_size, shard_counts
 from gravac.netmodel import NetworkModel
 from gravac.timeline import schedule
+from plots.load import Run
 
 NET = NetworkModel(alpha_s=1e-3, beta_Bps=1e4)
 SIZES = [30, 10, 10]                 # parameters; backward reaches 2, then 1, then 0
@@ -323,6 +324,8 @@ class StubRun:
     def cfg(self, key, default=None):
         return default
 
+    single_worker_s = Run.single_worker_s                 # the definition under test, not a copy
+
     def column(self, key):
         import numpy as np
         return np.array([s[key] for s in self.steps])
@@ -332,11 +335,11 @@ class StubRun:
 
 
 def test_scaling_table_by_hand():
-    """t_1 = step - compression - communication = 0.08 s; t_N / t_1; CF = 100 / 25 floats."""
+    """t_1 = step - compression - communication = 0.08 s; factor t_1 / t_N; CF = 100 / 25 floats."""
     from plots.scaling import scaling_table
     text, rows = scaling_table([StubRun(8, 0.12), StubRun(2, 0.10), StubRun(8, 0.14)])
     assert [(r["workers"], r["runs"]) for r in rows] == [(2, 1), (8, 2)]
-    assert rows[0]["scaling_factor"] == pytest.approx(0.10 / 0.08)
-    assert rows[1]["iteration_ms"] == pytest.approx(130.0) and rows[1]["scaling_factor"] == pytest.approx(1.625)
+    assert rows[0]["scaling_factor"] == pytest.approx(0.08 / 0.10)
+    assert rows[1]["iteration_ms"] == pytest.approx(130.0) and rows[1]["scaling_factor"] == pytest.approx(0.08 / 0.13)
     assert rows[1]["cf"] == pytest.approx(4.0) and rows[1]["compress_ms"] == pytest.approx(10.0)
-    assert "| m | 1 Gbit/s | X | 8 | 130.0 | 1.625 |" in text
+    assert "| m | 1 Gbit/s | X | 8 | 130.0 | 61.5 |" in text

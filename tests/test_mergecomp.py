@@ -225,3 +225,31 @@ def test_ddp_equals_simulated_cluster(tmp_path):
             assert ddp[r][s]["modelled"] == pytest.approx(sim[s]["modelled"])
             torch.testing.assert_close(ddp[r][s]["grad"], sim[s]["grad"], rtol=1e-6, atol=1e-6)
     assert sim[-1]["extra"]["partition"] == [0, 4, 10]
+
+
+# --- the iteration-time table (plots/tables.py) --------------------------------------------------
+def _table_run(path: str, steps: list[tuple[float, float, float, float]], chosen_at: int | None):
+    """A run whose steps are (step_model_s, compress_model_s, comm_model_s, exposed) on a serial clock."""
+    from plots.load import Run
+    recs = [{"step": i, "step_model_s": t, "compress_model_s": c, "comm_model_s": m, "exposed_comm_model_s": e,
+             "partition": [0, 2, 5]} for i, (t, c, m, e) in enumerate(steps)]
+    if chosen_at is not None:
+        recs[chosen_at]["chosen"] = True
+    return Run(path=path, config={"method": {"name": "mergecomp"}}, summary={}, steps=recs, evals=[])
+
+
+def test_iteration_table_by_hand():
+    """Steady window = after the chosen step (else the last quarter); t_1 = step - compression -
+    communication; scaling factor t_1 / t_N in %, the same definition as plots/scaling.py."""
+    from plots.settings import Context, Group
+    from plots.tables import iteration_table
+    searched = _table_run("a", [(0.5, 0.0, 0.1, 0.1)] * 3 + [(0.10, 0.01, 0.01, 0.02)] * 2, chosen_at=2)
+    plain = _table_run("b", [(0.9, 0.0, 0.0, 0.0)] * 6 + [(0.16, 0.02, 0.06, 0.08)] * 2, chosen_at=None)
+    ctx = Context("m", "d", "top1", 8, "1 Gbit/s", groups=[Group([searched], {}, "S"), Group([plain], {}, "P")])
+    text, rows = iteration_table([ctx])
+    assert [r["window"] for r in rows] == ["3-4", "6-7"]
+    assert rows[0]["iteration_s"] == pytest.approx(0.10) and rows[0]["single_worker_s"] == pytest.approx(0.08)
+    assert rows[0]["scaling_factor"] == pytest.approx(0.8) and rows[0]["chosen_at"] == 2
+    assert rows[1]["scaling_factor"] == pytest.approx(0.08 / 0.16) and rows[1]["chosen_at"] is None
+    assert "| S | 1 | 3-4 | 100.00 | 20.00 | 80.0 | 0 2 5 | 2 |" in text
+    assert "| P | 1 | 6-7 | 160.00 | 80.00 | 50.0 | 0 2 5 | — |" in text
