@@ -4,8 +4,10 @@
                               [--experiments mini_vgg,mini_resnet,mini_lstm] [--bench results/compress_bench.csv]
 
 For each study experiment, every completed run under RAW (default results/runs) is copied to
-OUT/<experiment>/runs/<setting>-s<seed>/ with its config.yaml, command.txt, summary.json,
-evals.jsonl and its full per-step record gzipped (steps.jsonl.gz: cumulative sums stay exact).
+OUT/<experiment>/runs/<setting>-s<seed>/ (<context>--<setting>-s<seed> when the experiment spans
+several cluster sizes or networks) with its config.yaml, command.txt, summary.json, evals.jsonl,
+its full per-step record gzipped (steps.jsonl.gz: cumulative sums stay exact) and origin.txt (the
+raw run folder's name, kept through re-curation; runs.csv's `run` column).
 OUT/<experiment>/runs.csv gets one row per run, OUT/<experiment>/curves.csv every run downsampled
 to every --every steps plus its evaluations, and OUT/summary.md one table per experiment (settings
 averaged over seeds; the numbers REPRODUCING.md quotes). Then plots/paper.py draws the figures and tables from
@@ -83,6 +85,16 @@ def _num(x) -> str:
     return f"{x:.6g}" if isinstance(x, float) else str(x)
 
 
+def origin(run: Run) -> str:
+    """The raw run folder's name: a curated copy keeps it in origin.txt, so a re-curation still
+    names the run that produced the numbers."""
+    path = os.path.join(run.path, "origin.txt")
+    if os.path.exists(path):
+        with open(path) as f:
+            return f.read().strip() or run.name
+    return run.name
+
+
 def run_row(exp: str, setting: str, run: Run, target: float | None) -> dict:
     """One runs.csv row: what the run reached, what it sent and how long it took, totals and to target."""
     tot, hit = run.totals(), run.first_hit(target)
@@ -90,7 +102,7 @@ def run_row(exp: str, setting: str, run: Run, target: float | None) -> dict:
     gains = [g for g in run.column("gain") if math.isfinite(g)] if run.has_column("gain") else []
     hist = (run.summary or {}).get("cf_histogram") or {}
     return {
-        "experiment": exp, "setting": setting, "seed": run.cfg("train.seed", 0), "run": run.name,
+        "experiment": exp, "setting": setting, "seed": run.cfg("train.seed", 0), "run": origin(run),
         "method": run.method, "compressor": run.compressor if run.method != "dense" else "none",
         "cf": _num(run.cf), "epsilon": _num(run.cfg("method.epsilon")) if run.method == "gravac" else "",
         "policy": run.cfg("method.policy") if run.method == "gravac" else "",
@@ -125,8 +137,10 @@ def curve_rows(exp: str, setting: str, run: Run, every: int) -> list[dict]:
 
 def copy_run(run: Run, dest: str) -> None:
     """The run's small files as they are, and its per-step record gzipped (byte-stable: no mtime);
-    a run curated before (only steps.jsonl.gz) is copied as it is."""
+    a run curated before (only steps.jsonl.gz) is copied as it is. origin.txt names the raw run."""
     os.makedirs(dest)
+    with open(os.path.join(dest, "origin.txt"), "w") as f:
+        f.write(origin(run) + "\n")
     for name in COPIED:
         src = os.path.join(run.path, name)
         if os.path.exists(src):

@@ -144,7 +144,8 @@ def test_reference_curates_runs_and_redraws_from_the_copies(tmp_path, capsys):
     assert names == ["accordion-randomk-1.5x-1000x-s0", "dense-s0", "gravac-eps0.7-dgc-s0", "top-k-100x-s0",
                      "top-k-10x-s0", "top-k-10x-s1"]
     dense = out / "fixture" / "runs" / "dense-s0"
-    assert sorted(os.listdir(dense)) == ["config.yaml", "evals.jsonl", "steps.jsonl.gz", "summary.json"]
+    assert sorted(os.listdir(dense)) == ["config.yaml", "evals.jsonl", "origin.txt", "steps.jsonl.gz", "summary.json"]
+    assert (dense / "origin.txt").read_text() == "z-dense-newer\n"
     raw = runs / "fixture" / "z-dense-newer" / "steps.jsonl"
     assert gzip.decompress((dense / "steps.jsonl.gz").read_bytes()) == raw.read_bytes()
     copy, orig = load_run(str(dense)), load_run(str(raw.parent))
@@ -221,5 +222,6 @@ def test_reference_recurates_a_curated_reference(tmp_path):
     assert sorted(os.listdir(a)) == sorted(os.listdir(b))
     for name in os.listdir(a):
         assert (a / name / "steps.jsonl.gz").read_bytes() == (b / name / "steps.jsonl.gz").read_bytes()
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "run"} for r in rows]   # noqa: E731 (folder names)
-    assert strip(_rows(first / "fixture" / "runs.csv")) == strip(_rows(second / "fixture" / "runs.csv"))
+    rows = _rows(first / "fixture" / "runs.csv")
+    assert rows == _rows(second / "fixture" / "runs.csv")        # `run` still names the raw folder
+    assert "z-dense-newer" in {r["run"] for r in rows} <= set(os.listdir(runs / "fixture"))
