@@ -53,6 +53,14 @@ def run_cli(args: list[str], timeout: float = 600, env: dict | None = None, cwd=
                           text=True, timeout=timeout, env=e, cwd=cwd or ROOT)
 
 
+def run_cli_many(jobs: list[dict], workers: int = 2) -> list[subprocess.CompletedProcess]:
+    """run_cli(**job) for every job, `workers` at a time (the machine has 2 cores; most of a short
+    CLI run is Python and torch start-up), results in the jobs' order."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda job: run_cli(**job), jobs))
+
+
 def data_dir(name: str) -> Path:
     """$GRAVAC_DATA_DIR/<name>, or skip the test saying why."""
     root = os.environ.get("GRAVAC_DATA_DIR")

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import CONF, compose, run_cli
+from conftest import CONF, compose, run_cli, run_cli_many
 from gravac.config import ConfigError, build_config
 
 
@@ -112,9 +112,18 @@ def test_bad_values_in_process(args, fragment):
     assert fragment in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("args,fragment", BAD[:6] + BAD[9:12] + BAD[-5:-3])
-def test_bad_values_cli_one_line_no_traceback(args, fragment):
-    r = run_cli(args, timeout=120)
+CLI_BAD = BAD[:6] + BAD[9:12] + BAD[-5:-3]
+
+
+@pytest.fixture(scope="module")
+def cli_bad():
+    """Every CLI_BAD case's bench/run.py, two at a time."""
+    return run_cli_many([dict(args=args, timeout=120) for args, _ in CLI_BAD])
+
+
+@pytest.mark.parametrize("case", range(len(CLI_BAD)), ids=[f for _, f in CLI_BAD])
+def test_bad_values_cli_one_line_no_traceback(cli_bad, case):
+    fragment, r = CLI_BAD[case][1], cli_bad[case]
     assert r.returncode == 2, r.stderr
     assert fragment in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
@@ -181,11 +190,21 @@ TINY = ["train.steps=2", "logger.progress=false", "cluster.threads=1", "dataset.
         "dataset.test_size=64", "model.width=4", "dataset.image_size=8"]
 
 
-@pytest.mark.parametrize("args,env,fragment", USER_MISTAKES)
-def test_user_mistakes_end_in_one_line(tmp_path, args, env, fragment):
-    root = [] if any(a.startswith("experiment.results_root=") for a in args) else [f"experiment.results_root={tmp_path}"]
-    tiny = [t for t in TINY if not any(a.split("=")[0] == t.split("=")[0] for a in args)]
-    r = run_cli([*tiny, *root, *args], env=env, timeout=120)
+@pytest.fixture(scope="module")
+def user_mistakes(tmp_path_factory):
+    """Every USER_MISTAKES case's bench/run.py (each in its own results root), two at a time."""
+    jobs = []
+    for args, env, _ in USER_MISTAKES:
+        root = [] if any(a.startswith("experiment.results_root=") for a in args) else \
+            [f"experiment.results_root={tmp_path_factory.mktemp('mistake')}"]
+        tiny = [t for t in TINY if not any(a.split("=")[0] == t.split("=")[0] for a in args)]
+        jobs.append(dict(args=[*tiny, *root, *args], env=env, timeout=120))
+    return run_cli_many(jobs)
+
+
+@pytest.mark.parametrize("case", range(len(USER_MISTAKES)), ids=[f for _, _, f in USER_MISTAKES])
+def test_user_mistakes_end_in_one_line(user_mistakes, case):
+    fragment, r = USER_MISTAKES[case][2], user_mistakes[case]
     assert r.returncode == 2, r.stderr[-2000:]
     assert fragment in r.stderr and "Traceback" not in r.stderr + r.stdout
     assert len([line for line in r.stderr.splitlines() if line.strip()]) == 1, r.stderr

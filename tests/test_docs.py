@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli_many
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 UP = re.compile(r"(?:\.\./)+[\w.\-/]*")
@@ -137,13 +137,15 @@ def runs(tmp_path_factory):
     subprocess run here does not load them, and the docs describe the project's own methods.
     """
     from gravac.registry import registries
-    out = {}
     methods = registries()["method"]
-    for name in [n for n in methods if methods[n].target.__module__.startswith("gravac.")]:
-        root = tmp_path_factory.mktemp(name)
-        args = [f"method={name}", "train.steps=5", "train.checkpoint_every=2", *SETTINGS.get(name, [])]
-        r = run_cli([*SMALL, f"experiment.results_root={root}", *args], timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
+    names = [n for n in methods if methods[n].target.__module__.startswith("gravac.")]
+    roots = [tmp_path_factory.mktemp(name) for name in names]
+    jobs = [dict(args=[*SMALL, f"experiment.results_root={root}", f"method={name}", "train.steps=5",
+                       "train.checkpoint_every=2", *SETTINGS.get(name, [])], timeout=300)
+            for name, root in zip(names, roots)]
+    out = {}
+    for name, root, r in zip(names, roots, run_cli_many(jobs)):       # two at a time
+        assert r.returncode == 0, f"method={name}: " + r.stderr[-3000:]
         (out[name],) = [p for p in root.glob("*/*") if p.is_dir()]
     return out
 

@@ -83,6 +83,7 @@ def _compare_backends(tmp_path, extra):
         assert math.isclose(x["loss"], y["loss"], rel_tol=1e-4, abs_tol=1e-5), (x["step"], x["loss"], y["loss"])
 
 
+@pytest.mark.slow          # ~20 s idle; static Top-k below compares the backends in the default suite
 def test_sim_and_ddp_agree_dense(tmp_path):
     _compare_backends(tmp_path, [])
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, run_cli_many
 
 ARGS = ["train.steps=24", "train.eval_every=8", "train.checkpoint_every=4", "logger.progress=false",
         "dataset.image_size=8", "dataset.train_size=512", "dataset.test_size=128", "model.width=4",
@@ -187,6 +187,7 @@ def test_printed_resume_command_runs_as_printed_with_a_space_in_the_path(tmp_pat
     assert [s["step"] for s in _records(run, "steps.jsonl")] == list(range(40))
 
 
+@pytest.mark.slow          # ~30 s idle; the resume of a finished run is also in the slow LM extension test
 def test_extended_run_reports_its_new_total_and_a_shorter_resume_is_refused(tmp_path):
     """Resuming with more steps records the new total_steps; fewer steps than the checkpoint is a
     one-line error, not a silent no-op (issue 21 case 10)."""
@@ -240,16 +241,27 @@ def two_checkpointed_runs(tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("case", list(DAMAGE))
-def test_a_damaged_checkpoint_stops_in_one_line_and_deletes_nothing(tmp_path, two_checkpointed_runs, case):
-    """Issue 21 case 2: never a silent restart from step 0, never a traceback, the folder kept."""
+@pytest.fixture(scope="module")
+def damaged_resumes(tmp_path_factory, two_checkpointed_runs):
+    """Each DAMAGE case: a copy of run a, damaged, and the resume of it (two at a time);
+    {case: (run folder, its files and steps.jsonl before the resume, the resume's result)}."""
     a, b = two_checkpointed_runs
-    run = tmp_path / a.name
-    shutil.copytree(a, run)
-    _damage(run, b, case)
-    before = sorted(p.relative_to(run) for p in run.rglob("*"))
-    steps_before = (run / "steps.jsonl").read_text()
-    r = run_cli([*ARGS, "train.steps=12", f"experiment.results_root={tmp_path}", f"experiment.resume={run}"])
+    cases, jobs = {}, []
+    for case in DAMAGE:
+        root = tmp_path_factory.mktemp("damaged")
+        run = root / a.name
+        shutil.copytree(a, run)
+        _damage(run, b, case)
+        cases[case] = (run, sorted(p.relative_to(run) for p in run.rglob("*")), (run / "steps.jsonl").read_text())
+        jobs.append(dict(args=[*ARGS, "train.steps=12", f"experiment.results_root={root}",
+                               f"experiment.resume={run}"]))
+    return {case: (*cases[case], r) for case, r in zip(DAMAGE, run_cli_many(jobs))}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_a_damaged_checkpoint_stops_in_one_line_and_deletes_nothing(damaged_resumes, case):
+    """Issue 21 case 2: never a silent restart from step 0, never a traceback, the folder kept."""
+    run, before, steps_before, r = damaged_resumes[case]
     assert r.returncode == 2, r.stderr[-2000:]
     assert DAMAGE[case] in r.stderr and "Traceback" not in r.stderr
     assert (run / "steps.jsonl").read_text() == steps_before
@@ -277,8 +289,8 @@ def _rdzv_folders() -> set[str]:
     return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("gravac-rdzv-")}
 
 
-@pytest.mark.parametrize("how", [pytest.param("SIGTERM to the launcher", marks=pytest.mark.slow),
-                                 "Ctrl-C to the process group"])
+@pytest.mark.slow          # ~35 s idle each; the default suite stops and resumes a sim run (SIGINT)
+@pytest.mark.parametrize("how", ["SIGTERM to the launcher", "Ctrl-C to the process group"])
 def test_ddp_stop_then_resume_equals_uninterrupted(tmp_path, how):
     """Issue 21 cases 1 and 5 on ddp: the launcher forwards SIGTERM (a terminal's Ctrl-C reaches
     every worker itself), waits for the workers' checkpoint, exits 130, removes its rendezvous
@@ -316,7 +328,7 @@ def test_ddp_stop_then_resume_equals_uninterrupted(tmp_path, how):
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
 
 
-@pytest.mark.parametrize("size", ["120k", "300k"])
+@pytest.mark.parametrize("size", [pytest.param("120k", marks=pytest.mark.slow), "300k"])
 def test_a_full_disk_mid_run_ends_in_one_line_with_status_failed_and_no_temporaries(tmp_path, size):
     """Issue 21 case 6: a results root on a tiny tmpfs fills up mid-run (records or checkpoint)."""
     mnt = tmp_path / "tiny"
