@@ -43,8 +43,8 @@ class CovapState(CompressionState):
 
     def __init__(self, process_group=None, *, drop_rate: int, ef: str = "schedule", ef_init: float | None = None,
                  decay_step: int | None = None):
-        if drop_rate == "auto":
-            raise ValueError("covap hook: drop_rate='auto' needs bench/run.py's clock; give an integer R "
+        if drop_rate in ("auto", "overlap"):
+            raise ValueError(f"covap hook: drop_rate={drop_rate!r} needs bench/run.py's clock; give an integer R "
                              "(the ceiling of your profiled communication/computation ratio)")
         cfg = CovapCfg(name="covap", drop_rate=drop_rate, buckets=0, ef=ef, ef_init=ef_init, decay_step=decay_step)
         errors = field_errors(cfg, "covap")

@@ -187,6 +187,42 @@ def test_auto_profiles_step_zero_dense_then_rounds_the_ccr_up():
     assert nxt.extra["ccr"] == pytest.approx(2.6)
 
 
+def test_overlap_rate_by_hand():
+    """Two one-shard buckets of 100 floats, ready at 0.5 s and 1.0 s of a 1 s backward, 1 s per
+    message: R = 1 exposes 1.5 s; R >= 2 sends A on one step of the rotation (0.5 s exposed) and B
+    on another (1.0 s), so the mean exposed is 1.5 / R. tol 0.2 s: the smallest R with 1.5 / R <= 0.2
+    is 8; with max_rate 5 none is, and the shortest mean step (1 + 1.5 / R) is R = 5."""
+    from gravac.methods.covap import overlap_rate
+    from gravac.profile import DeviceProfile
+    prof = DeviceProfile(forward_s=0.0, backward_s=1.0, ready_s=[0.5, 1.0], optimizer_s=0.0, source="given")
+    plan = dict(numels=[100, 100], groups=[[0], [1]], profile=prof, message=lambda e: e * 0.01, compute_s=1.0)
+    assert overlap_rate(**plan, max_rate=64, tol=0.2) == 8
+    assert overlap_rate(**plan, max_rate=5, tol=0.2) == 5
+    assert overlap_rate(**plan, max_rate=64, tol=1.5) == 1                 # R = 1 is within a loose tolerance
+    # without a profile every bucket waits for the end of backward: exposed = messages sent / R
+    assert overlap_rate(**{**plan, "profile": None}, max_rate=64, tol=0.2) == 10
+
+
+def test_overlap_profiles_step_zero_then_plans_r_on_the_timeline():
+    """The test network (1 ms + 10 kB/s) and no device profile: buckets of 10, 10, 30 floats all
+    wait for backward's end, so a rotation of R exposes the messages it sends / R; step 0 is dense."""
+    from gravac.methods.covap import overlap_rate
+    m = make(world=2, drop_rate="overlap", overlap_tol=0.5)
+    res = m.step(grads(0, 2), ctx(0, compute_s=0.01))
+    assert res.extra["drop_rate"] == 1 and res.extra["ccr"] == pytest.approx(2.6)
+    want = overlap_rate([10, 10, 30], [[2], [1], [0]], None, lambda e: NET.allreduce(4 * e, 2), 0.01, 64, 0.5)
+    assert want > 3                              # more than ceil(CCR): overlap asks for more than the ratio
+    assert m.step(grads(1, 2), ctx(1)).extra["drop_rate"] == want
+
+
+def test_overlap_needs_the_network_model():
+    from gravac.errors import UserError
+    cfg = make_run(method=dict(name="covap", drop_rate="overlap"), compressor=dict(name="none"))
+    env = MethodEnv(SimGroup(2, NET), list(SIZES), torch.device("cpu"), buckets=BUCKETS, modelled_time=False)
+    with pytest.raises(UserError, match="drop_rate=overlap plans R on the network model"):
+        METHODS["covap"].target(cfg.method, cfg.compressor, env)
+
+
 def test_rebuckets_the_model_into_about_ten_buckets():
     sizes = [100] * 40
     cfg = make_run(method=dict(name="covap"), compressor=dict(name="none"))
@@ -207,7 +243,8 @@ def test_state_dict_round_trip():
 
 
 @pytest.mark.parametrize("opts,text", [
-    (dict(drop_rate=0), "method.drop_rate=0 is out of range: must be an integer >= 1, or auto"),
+    (dict(drop_rate=0), "method.drop_rate=0 is out of range: must be an integer >= 1, auto or overlap"),
+    (dict(max_rate=0), "method.max_rate=0 is out of range"),
     (dict(drop_rate="fast"), "method.drop_rate='fast' is out of range"),
     (dict(drop_rate=2.5), "method.drop_rate=2.5 is out of range"),
     (dict(ef="always"), "method.ef='always' is not valid; choose one of: schedule, constant, off"),
@@ -232,6 +269,7 @@ def test_hook_errors_are_one_line():
 
     from gravac.covap_hook import CovapState
     for kw, text in [(dict(drop_rate="auto"), "needs bench/run.py's clock"),
+                     (dict(drop_rate="overlap"), "drop_rate='overlap' needs bench/run.py's clock"),
                      (dict(drop_rate=0), "covap.drop_rate=0 is out of range"),
                      (dict(drop_rate=2, ef="x"), "covap.ef='x' is not valid")]:
         with pytest.raises(ValueError) as e:

@@ -48,6 +48,9 @@ SCENARIOS["exdyna_calibrated"] = dict(steps=4, method=dict(name="exdyna", blocks
 # step 0's dense all-reduce (compute_s 0.02 s of ctx) decided on rank 0 and broadcast
 SCENARIOS["covap"] = dict(steps=8, method=dict(name="covap", drop_rate=3, decay_step=2), compressor=dict(name="none"))
 SCENARIOS["covap_auto"] = dict(steps=5, method=dict(name="covap", buckets=3), compressor=dict(name="none"))
+# overlap: tolerance 0 is never met (latency), so R = the shortest mean step among 1..3, i.e. 3
+SCENARIOS["covap_overlap"] = dict(steps=5, method=dict(name="covap", buckets=3, drop_rate="overlap", overlap_tol=0.0,
+                                                       max_rate=3), compressor=dict(name="none"))
 # MergeComp: every group its own message(s), DGC counts differing by worker; the binary search's
 # warm-up, (no) probes and choice (3 tensors: the code's default split 1)
 SCENARIOS["mergecomp"] = dict(steps=6, method=dict(name="mergecomp", groups=2, search="none"),
@@ -169,6 +172,12 @@ def test_gravac_run_exercises_levels_and_windows(ddp_results):
     recs = [r["extra"] for r in records(ddp_results, 0, "gravac")]
     assert len({r["level"] for r in recs}) >= 2                   # the scripted gradients move the level
     assert len({(r["cf_min"], r["cs"]) for r in recs}) >= 2        # and the windows move the CFs
+
+
+def test_covap_overlap_plans_r_and_filters(ddp_results):
+    steps = records(ddp_results, 0, "covap_overlap")
+    assert [r["extra"]["drop_rate"] for r in steps] == [1, 3, 3, 3, 3]
+    assert all(r["floats_sent"] < sum(SIZES) for r in steps[1:])
 
 
 def test_accordion_run_switches_regimes(ddp_results):

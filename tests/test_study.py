@@ -3,6 +3,7 @@ bench/reference.py curates raw runs into a reference that redraws itself."""
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import os
 import sys
@@ -41,7 +42,7 @@ EXPECTED = {
     "exdyna1000_calibrated": ("exdyna", "none", 1000, None, None, None),
     "topk8000": ("static", "topk", 8000, None, None, None),          # k = K/8: exdyna1000's global K
     "dgc8000": ("static", "dgc", 8000, None, None, None),
-    **{a: ("covap", "none", None, None, None, None) for a in ("covap", "covap2", "covap4", "covap8", "covap_f1")},
+    **{a: ("covap", "none", None, None, None, None) for a in ("covap", "covap2", "covap4", "covap8", "covap_f1", "covap_overlap")},
     **{f"mergecomp_{c}100{v}": ("mergecomp", c, 100, None, None, None)
        for c in ("topk", "dgc") for v in ("", "_exhaustive", "_layerwise", "_whole")},
 }
@@ -51,6 +52,7 @@ EXTRA = {"gravac07_code": {"gain": "code"}, "gravac09_code": {"gain": "code"},
          "accordion_powersgd": {"rank": 1, "rank_critical": 2}, "powersgd2": {"rank": 2},
          "exdyna1000_calibrated": {"threshold_start": "calibrated"},
          "covap": {"drop_rate": "auto", "ef": "schedule"}, "covap_f1": {"drop_rate": 4, "ef": "constant"},
+         "covap_overlap": {"drop_rate": "overlap", "ef": "schedule", "overlap_tol": 0.02},
          **{f"covap{r}": {"drop_rate": r, "ef": "schedule"} for r in (2, 4, 8)},
          **{f"mergecomp_{c}100{v}": opts for c in ("topk", "dgc") for v, opts in (
              ("", {"groups": 2, "search": "binary"}), ("_exhaustive", {"groups": 2, "search": "exhaustive"}),
@@ -61,10 +63,16 @@ def test_every_arm_is_known():
     assert ARMS == sorted(EXPECTED)
 
 
+@functools.lru_cache(maxsize=None)
+def family_config(exp: str):
+    """The family's own config, composed once for all its arms (a Hydra compose costs ~0.5 s)."""
+    return build_config(compose([f"experiment={exp}"]))
+
+
 @pytest.mark.parametrize("exp", ["mini_vgg", "mini_resnet", "mini_lstm"])
 @pytest.mark.parametrize("arm", ARMS)
 def test_arm_sets_method_and_keeps_the_family(exp, arm):
-    base = build_config(compose([f"experiment={exp}"]))
+    base = family_config(exp)
     run = build_config(compose([f"experiment={exp}", f"arm={arm}"]))
     method, comp, cf, eps, policy, cf_max = EXPECTED[arm]
     assert run.method.name == method
@@ -90,7 +98,7 @@ def test_arm_sets_method_and_keeps_the_family(exp, arm):
 
 
 def test_study_families():
-    vgg, res, lstm = (build_config(compose([f"experiment={e}"])) for e in ("mini_vgg", "mini_resnet", "mini_lstm"))
+    vgg, res, lstm = (family_config(e) for e in ("mini_vgg", "mini_resnet", "mini_lstm"))
     assert (vgg.model.name, vgg.dataset.name, vgg.network.bandwidth_gbps) == ("vgg_mini", "cifar10", 1.0)
     assert (res.model.name, res.model.blocks, res.dataset.name, res.network.bandwidth_gbps) == \
         ("resnet_mini", 1, "cifar10", 0.1)

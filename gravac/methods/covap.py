@@ -21,6 +21,13 @@ Ours, and why:
   network model is on, else measured) over the step's compute time (forward + backward) is the
   CCR, R = max(1, ceil(CCR)), decided on rank 0 and broadcast; `ccr` and `drop_rate` are recorded.
   An integer `drop_rate` skips the profiling step.
+- `drop_rate=overlap` (ours too): ceil(CCR) does not guarantee overlap (only backward overlaps, and
+  a model whose big gradients are ready last, as the LSTM, stays exposed at R = 1). After the same
+  dense step 0, rank 0 plans R on the overlap timeline (gravac/timeline.py: the device profile's
+  gradient-ready times and the network model): the smallest R in 1..`max_rate` whose exposed
+  communication, averaged over the R steps of a rotation, is at most `overlap_tol` × the step's
+  compute (forward + backward); if none is, the R with the shortest mean step. The plan leaves out
+  COVAP's own compression cost (an element-wise pass, ~0 next to compute). Needs the network model.
 - Buckets: DDP's 25 MB cap gives the mini models one or two buckets, which turns the filter into
   "send each bucket every R-th step". `method.buckets` (default 10) re-buckets the parameters in
   backward order with cap = model size / buckets (DDP's rule, no smaller first bucket; a parameter
@@ -53,20 +60,22 @@ from compressors import option
 from gravac.comm import CommStats
 from gravac.methods.base import METHODS, Method, RunStats, StepContext, StepResult
 from gravac.schema import MethodCfg
-from gravac.timeline import Piece
+from gravac.timeline import Piece, schedule
 from gravac.timeline import buckets as ddp_buckets
 
 ELEMENT_BYTES = 4
 
 
 def valid_rate(v) -> bool:
-    return v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+    return v in ("auto", "overlap") or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
 
 
 @dataclass
 class CovapCfg(MethodCfg):
-    """Drop rate R (or auto), the number of buckets, and the error-feedback schedule."""
-    drop_rate: object = option("auto", check=valid_rate, valid="an integer >= 1, or auto")
+    """Drop rate R (or auto / overlap), the number of buckets, and the error-feedback schedule."""
+    drop_rate: object = option("auto", check=valid_rate, valid="an integer >= 1, auto or overlap")
+    max_rate: int = option(64, check=lambda v: v >= 1, valid=">= 1")                 # drop_rate=overlap only
+    overlap_tol: float = option(0.02, check=lambda v: v >= 0, valid=">= 0")          # drop_rate=overlap only
     buckets: int = option(10, check=lambda v: v >= 0, valid=">= 0 (0: the run's DDP buckets)")
     ef: str = option("schedule", choices=("schedule", "constant", "off"))      # constant: f = 1
     ef_init: float | None = option(None, check=lambda v: v is None or 0 <= v <= 1, valid="in [0, 1], or null")
@@ -126,6 +135,28 @@ def take(acc: torch.Tensor, j: int, c: int) -> torch.Tensor:
     return vals
 
 
+def overlap_rate(numels: list[int], groups: list[list[int]], profile, message, compute_s: float,
+                 max_rate: int, tol: float) -> int:
+    """drop_rate=overlap: the smallest R whose mean exposed communication over a rotation of R steps
+    is <= tol × compute on the overlap timeline (buckets `groups` with `numels` elements, each kept
+    shard one message costing message(elements) s); else the R with the shortest mean step."""
+    fwd, bwd, ready, opt = ((profile.forward_s, profile.backward_s, profile.ready_s, profile.optimizer_s)
+                            if profile is not None else (0.0, compute_s, [], 0.0))
+    best, best_s = 1, math.inf
+    for rate in range(1, max_rate + 1):
+        counts = shard_counts(numels, rate)
+        plans = [schedule(fwd, bwd, ready, opt, [Piece(g, 0.0, [message(len(range(j, n, c)))] if j is not None else [])
+                                                 for g, n, c, j in zip(groups, numels, counts, kept_shards(it, rate, counts))])
+                 for it in range(rate)]
+        exposed = sum(p.exposed_comm_s for p in plans) / rate
+        if exposed <= tol * compute_s:
+            return rate
+        step = sum(p.step_s for p in plans) / rate
+        if step < best_s - 1e-12:
+            best, best_s = rate, step
+    return best
+
+
 def rebucket(sizes: list[int], order: list[int], count: int) -> list[list[int]]:
     """Parameters (indices, in backward `order`) in buckets of cap = model size / count (DDP's rule)."""
     cap = sum(sizes) * ELEMENT_BYTES / count / 2**20
@@ -153,7 +184,11 @@ class Covap(Method):
         self.numels = [int(ix.numel()) for ix in self.index]
         self.residuals = [[torch.zeros(n, device=self.device) for n in self.numels] for _ in self.group.local_ranks]
         self.t, self.ccr, self.rate = 0, None, None
-        if cfg.drop_rate != "auto":
+        if cfg.drop_rate == "overlap" and not env.modelled_time:
+            from gravac.errors import UserError
+            raise UserError("method.drop_rate=overlap plans R on the network model, which is off here "
+                            "(network.enabled=false); use drop_rate=auto (the measured CCR) or an integer R")
+        if cfg.drop_rate not in ("auto", "overlap"):
             self.set_rate(int(cfg.drop_rate))
 
     def set_rate(self, rate: int) -> None:
@@ -225,13 +260,20 @@ class Covap(Method):
         avg, comm = self.group.allreduce_mean(grads, bucket_elements=self.numels)
         comm_s = comm.modelled_s if self.env.modelled_time else comm.measured_s
         ccr = comm_s / ctx.compute_s if ctx.compute_s > 0 else 1.0
-        self.ccr, rate = self.group.broadcast_object((ccr, max(1, math.ceil(ccr))))
+        rate = overlap_rate(self.numels, self.groups, self.env.profile, self.plan_message, ctx.compute_s,
+                            self.cfg.max_rate, self.cfg.overlap_tol) if self.cfg.drop_rate == "overlap" \
+            else max(1, math.ceil(ccr))
+        self.ccr, rate = self.group.broadcast_object((ccr, rate))
         self.set_rate(rate)
         pieces = [Piece(g, 0.0, [m]) for g, m in zip(self.groups, comm.messages)]
         self.t += 1
         extra = {"drop_rate": 1, "ccr": self.ccr, "shards": len(self.groups), "kept_shards": len(self.groups),
                  "ef_factor": None}
         return StepResult(grad=avg, cf=1.0, floats_sent=comm.floats, comm=comm, extra=extra, pieces=pieces)
+
+    def plan_message(self, elements: int) -> float:
+        """Modelled seconds of one bucket's all-reduce of `elements` floats (drop_rate=overlap)."""
+        return self.group.net.allreduce(elements * ELEMENT_BYTES, self.group.world)
 
     # --- state, explanation, description -------------------------------------------------------
     def state_dict(self) -> dict:
@@ -249,8 +291,9 @@ class Covap(Method):
         recs = [r for r in stats.records if r.get("ef_factor") is not None]
         if not recs:
             return None
-        how = (f"auto: CCR {recs[0]['ccr']:.3g} from step 0's dense all-reduce over its compute"
-               if recs[0]["ccr"] is not None else "given")
+        how = ("given" if recs[0]["ccr"] is None else f"{self.cfg.drop_rate}: CCR {recs[0]['ccr']:.3g} from "
+               "step 0's dense all-reduce over its compute" + (", R planned on the overlap timeline"
+                                                               if self.cfg.drop_rate == "overlap" else ""))
         cf = len(recs) * self.numel / max(1.0, sum(r["floats_sent"] for r in recs))
         return (f"COVAP: R = {recs[0]['drop_rate']} ({how}), {recs[0]['shards']} shards in {len(self.groups)} "
                 f"buckets, {cf:.3g}x fewer floats than dense on filtered steps, EF factor "
@@ -263,11 +306,12 @@ class Covap(Method):
 
     @classmethod
     def cf_text(cls, cfg, comp) -> str:
-        return "~R (auto)" if cfg.drop_rate == "auto" else f"~{cfg.drop_rate}x"
+        return f"~R ({cfg.drop_rate})" if cfg.drop_rate in ("auto", "overlap") else f"~{cfg.drop_rate}x"
 
     @classmethod
     def sort_values(cls, cfg, comp):
-        return [0 if cfg.drop_rate == "auto" else int(cfg.drop_rate), cfg.ef]
+        rate = {"auto": 0, "overlap": -1}.get(cfg.drop_rate, cfg.drop_rate)
+        return [int(rate), cfg.ef]
 
     @classmethod
     def state_bytes(cls, cfg, comp, numel, momentum):
