@@ -61,6 +61,14 @@ def schedule(forward_s: float, backward_s: float, ready_s: list[float], optimize
                     exposed_comm_s=max(0.0, link - backward_end))
 
 
+def on_profile(profile, compute_s: float, pieces: list[Piece]) -> Schedule:
+    """schedule() on a DeviceProfile; without one (unknown ready times) every piece waits for the
+    end of a `compute_s` backward, the serial step. For methods that plan on the timeline."""
+    if profile is None:
+        return schedule(0.0, compute_s, [], 0.0, pieces)
+    return schedule(profile.forward_s, profile.backward_s, profile.ready_s, profile.optimizer_s, pieces)
+
+
 def _ready(p: Piece, ready_s: list[float], backward_s: float) -> float:
     """Offset from backward's start at which every gradient the piece needs is ready."""
     if p.params is None or not ready_s:

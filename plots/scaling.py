@@ -15,9 +15,13 @@ COLUMNS = ["model", "dataset", "network", "setting", "workers", "runs", "iterati
            "scaling_factor", "exposed_comm_ms", "compress_ms", "cf"]
 
 
+def _steady(v) -> float:
+    """Mean of per-step values without step 0 (unless it is the only one)."""
+    return float((v[1:] if len(v) > 1 else v).mean())
+
+
 def _mean(run, key: str) -> float:
-    v = run.column(key)[1:] if len(run.steps) > 1 else run.column(key)
-    return float(v.mean())
+    return _steady(run.column(key))
 
 
 def _cf(run) -> float:
@@ -31,8 +35,7 @@ def _cf(run) -> float:
 def row(run) -> dict:
     """The run's mean iteration time, single-worker time and what made the difference."""
     t = _mean(run, run.model_key)
-    s = run.single_worker_s()
-    single = float((s[1:] if len(s) > 1 else s).mean())
+    single = _steady(run.single_worker_s())
     net = run.network
     bw = f"{net.get('bandwidth_gbps', '?'):g} Gbit/s" if net.get("enabled", True) else "off"
     if run.cfg("network.buckets"):                  # DDP buckets by count instead of bucket_cap_mb
@@ -40,7 +43,7 @@ def row(run) -> dict:
     exposed = _mean(run, "exposed_comm_model_s") if run.has_column("exposed_comm_model_s") else float("nan")
     return {"model": run.model, "dataset": run.dataset, "network": bw, "setting": run.setting.get("label", run.method),
             "workers": run.workers, "runs": 1, "iteration_ms": 1e3 * t, "single_worker_ms": 1e3 * single,
-            "scaling_factor": single / t, "exposed_comm_ms": 1e3 * exposed,
+            "exposed_comm_ms": 1e3 * exposed,
             "compress_ms": 1e3 * _mean(run, "compress_model_s"), "cf": _cf(run)}
 
 
@@ -55,7 +58,7 @@ def scaling_table(runs: list) -> tuple[str, list[dict]]:
     rows = []
     for key in sorted(cells, key=lambda k: (k[0], k[2], k[3], k[4] or 0)):
         group = cells[key]
-        avg = {k: sum(g[k] for g in group) / len(group) for k in COLUMNS[6:]}
+        avg = {k: sum(g[k] for g in group) / len(group) for k in COLUMNS[6:] if k != "scaling_factor"}
         avg["scaling_factor"] = avg["single_worker_ms"] / avg["iteration_ms"]    # of the means, as tables.py
         rows.append({**dict(zip(COLUMNS[:5], key)), "runs": len(group), **avg})
     body = [[r["model"], r["network"], r["setting"], str(r["workers"]), f"{r['iteration_ms']:.1f}",

@@ -60,7 +60,7 @@ from compressors import option
 from gravac.comm import CommStats
 from gravac.methods.base import METHODS, Method, RunStats, StepContext, StepResult
 from gravac.schema import MethodCfg
-from gravac.timeline import Piece, schedule
+from gravac.timeline import Piece, on_profile
 from gravac.timeline import buckets as ddp_buckets
 
 ELEMENT_BYTES = 4
@@ -128,6 +128,11 @@ def compensate(residual: torch.Tensor, grad: torch.Tensor, f: float, mode: str) 
     return residual.mul_(f).add_(grad)
 
 
+def shard_size(n: int, c: int, j: int) -> int:
+    """Elements of shard j of an n-element bucket cut into c strided shards."""
+    return len(range(j, n, c))
+
+
 def take(acc: torch.Tensor, j: int, c: int) -> torch.Tensor:
     """Shard j of c (strided slice) as a new tensor; its residual becomes 0."""
     vals = acc[j::c].clone()
@@ -140,12 +145,10 @@ def overlap_rate(numels: list[int], groups: list[list[int]], profile, message, c
     """drop_rate=overlap: the smallest R whose mean exposed communication over a rotation of R steps
     is <= tol × compute on the overlap timeline (buckets `groups` with `numels` elements, each kept
     shard one message costing message(elements) s); else the R with the shortest mean step."""
-    fwd, bwd, ready, opt = ((profile.forward_s, profile.backward_s, profile.ready_s, profile.optimizer_s)
-                            if profile is not None else (0.0, compute_s, [], 0.0))
     best, best_s = 1, math.inf
     for rate in range(1, max_rate + 1):
         counts = shard_counts(numels, rate)
-        plans = [schedule(fwd, bwd, ready, opt, [Piece(g, 0.0, [message(len(range(j, n, c)))] if j is not None else [])
+        plans = [on_profile(profile, compute_s, [Piece(g, 0.0, [message(shard_size(n, c, j))] if j is not None else [])
                                                  for g, n, c, j in zip(groups, numels, counts, kept_shards(it, rate, counts))])
                  for it in range(rate)]
         exposed = sum(p.exposed_comm_s for p in plans) / rate
@@ -219,7 +222,7 @@ class Covap(Method):
         out = torch.zeros(self.numel, dtype=grads[0].dtype, device=grads[0].device)
         comm = CommStats()
         if kept:
-            lens = [len(range(plan[b], self.numels[b], self.counts[b])) for b in kept]
+            lens = [shard_size(self.numels[b], self.counts[b], plan[b]) for b in kept]
             avg, comm = self.group.allreduce_mean([torch.cat(v) for v in sent], bucket_elements=lens)
             for b, part in zip(kept, torch.split(avg, lens)):
                 out[self.index[b][plan[b]::self.counts[b]]] = part

@@ -81,7 +81,7 @@ from gravac.methods.base import (
     raise_diverged,
 )
 from gravac.schema import MethodCfg
-from gravac.timeline import Piece, schedule
+from gravac.timeline import Piece, on_profile
 
 SEARCHES = ("binary", "exhaustive", "greedy", "none")
 MAX_RECORDED = 200          # candidates' modelled times kept in a record
@@ -380,7 +380,6 @@ class MergeComp(CompressingMethod):
         full = self.full_state(0)
         cf = self.compressor_cls.scheduled_cf(self.comp_cfg, self.comp_cfg.cf, ctx.epoch)
         memo: dict[tuple[int, int], Piece] = {}
-        prof = self.env.profile
 
         def piece(lo: int, hi: int) -> Piece:
             if (lo, hi) not in memo:
@@ -389,10 +388,7 @@ class MergeComp(CompressingMethod):
             return memo[(lo, hi)]
 
         def cost(cuts: list[int]) -> float:
-            pieces = [piece(a, b) for a, b in zip(cuts, cuts[1:])]
-            if prof is None:
-                return schedule(0.0, ctx.compute_s, [], 0.0, pieces).step_s
-            return schedule(prof.forward_s, prof.backward_s, prof.ready_s, prof.optimizer_s, pieces).step_s
+            return on_profile(self.env.profile, ctx.compute_s, [piece(a, b) for a, b in zip(cuts, cuts[1:])]).step_s
         return cost
 
     def model_piece(self, grp: Group_, g0: torch.Tensor, full: dict, cf: float, step: int) -> Piece:
