@@ -119,7 +119,10 @@ def network_text(runs: list) -> str:
 # styles
 
 _COMPRESSOR_COLORS = {"topk": "#1f77b4", "dgc": "#2ca02c", "redsync": "#ff7f0e", "randomk": "#8c564b"}
-_OTHER = ["#17becf", "#bcbd22", "#7f7f7f", "#e377c2", "#1a55b0", "#6b8e23"]
+# Colours of the other methods' settings (MergeComp, COVAP, ...), in order; enough that the eight
+# arms of a MergeComp grid get eight colours (markers alone told the 7th and 8th apart before).
+_OTHER = ["#17becf", "#bcbd22", "#7f7f7f", "#e377c2", "#1a55b0", "#6b8e23", "#8c6d31", "#393b79",
+          "#9c9ede", "#e7ba52"]
 _ACCORDION = "#9467bd"
 _GRAVAC = ["#d62728", "#b5179e", "#ff5a36", "#7b0828"]
 _DASHES = [(6, 2), (2.5, 1.5), (1, 1.2), (6, 1.5, 1, 1.5), (3, 1, 1, 1)]

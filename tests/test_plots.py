@@ -526,3 +526,15 @@ def test_perplexity_axis_over_a_decade_has_several_labels(tmp_path):
     shown = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)
              if t.get_text() and ax.get_ylim()[0] <= t.get_position()[1] <= ax.get_ylim()[1]]
     assert {"300", "500", "1000", "2000"} <= set(shown)
+
+
+def test_eight_settings_of_other_methods_get_eight_colours(tmp_path):
+    """A MergeComp grid (4 schedules x Top-k/DGC) in one figure: every setting its own colour, not
+    only its own marker."""
+    from plots import figures
+    from matplotlib.colors import to_hex
+    runs = [(f"mc-{comp}{cf:g}", "mergecomp", comp, cf, [1000.0 / cf] * 10, [.1 + cf / 1e4] * 5)
+            for comp in ("topk", "dgc") for cf in (10, 20, 50, 100)]
+    ctx = _context(tmp_path, runs)
+    lines = _series_lines(figures.metric_vs_steps_figure(ctx))
+    assert len(lines) == 8 and len({to_hex(ln.get_color()) for ln in lines}) == 8
