@@ -17,6 +17,7 @@ and of numbers measured once and kept on disk:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -57,7 +58,10 @@ def _digest(text: str) -> str:
 
 
 class JsonCache:
-    """A JSON object on disk that several processes may extend at once (locked merge on write)."""
+    """A JSON object on disk that several processes may extend at once (locked merge on write).
+
+    The first value stored under a key stays the reference: concurrent runs that both measure
+    the same thing adopt the first writer's number, so every run using the cache agrees."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -71,15 +75,34 @@ class JsonCache:
         except (OSError, ValueError):
             return {}
 
-    def update(self, new: dict) -> None:
-        """Add `new` entries (existing ones win: the first measurement stays the reference)."""
+    @contextlib.contextmanager
+    def locked(self):
+        """Hold the cache's lock (and re-read it): a run that finds a key missing can measure and
+        store it before a concurrent run looks, which then reads it instead of measuring its own.
+        An unusable lock (read-only cache) degrades to no lock."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path.with_suffix(".lock"), "a+") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                merged = {**new, **self._read()}
-                atomic_write(str(self.path), json.dumps(merged, indent=1, sort_keys=True) + "\n")
-                self.data = merged
+            lock = open(self.path.with_suffix(".lock"), "a+")
+        except OSError:
+            yield self
+            return
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.data = self._read()
+            yield self
+
+    def update(self, new: dict) -> None:
+        """Add `new` entries (existing ones win: the first measurement stays the reference)."""
+        with self.locked():
+            self.update_locked(new)
+
+    def update_locked(self, new: dict) -> None:
+        """`update` for a caller already inside `locked()` (flock is per open file, so the lock
+        must not be taken twice)."""
+        try:
+            merged = {**new, **self._read()}
+            atomic_write(str(self.path), json.dumps(merged, indent=1, sort_keys=True) + "\n")
+            self.data = merged
         except OSError:  # an unwritable cache costs a re-measurement next time, nothing else
             self.data = {**new, **self.data}
 
@@ -150,14 +173,17 @@ def measure_profile(step_fn, params: list[torch.nn.Parameter], optimizer_fn, rep
 
 
 def load_or_measure_profile(key_text: str, machine: str, cache: Path, measure, repeats: int) -> DeviceProfile:
-    """The cached profile for `key_text` on this machine, or a fresh measurement (then cached)."""
+    """The cached profile for `key_text` on this machine, or a fresh measurement (then cached).
+    The lock is held while measuring, so runs started together (a parallel sweep) wait for one
+    calibration and share it instead of each keeping its own, differently loaded, profile."""
     key = _digest(f"{key_text} | {machine}")
     store = JsonCache(cache / "devices.json")
-    found = store.data.get(key)
-    if found is not None:
-        return DeviceProfile(**found, source="cached", key=key, machine=machine)
-    prof = measure()
-    store.update({key: {**prof, "repeats": repeats}})
+    with store.locked():
+        found = store.data.get(key)
+        if found is not None:
+            return DeviceProfile(**found, source="cached", key=key, machine=machine)
+        prof = measure()
+        store.update_locked({key: {**prof, "repeats": repeats}})
     return DeviceProfile(**prof, source="calibrated", key=key, machine=machine, repeats=repeats)
 
 
@@ -215,12 +241,13 @@ class OpCosts:
                 fn()
                 times.append(time.perf_counter() - t0)
             value = statistics.median(times)
+            if self.store is not None:  # a concurrent run that stored it first wins (JsonCache)
+                self.store.update({self.prefix + key: value})
+                value = self.store.data.get(self.prefix + key, value)
         value = self.group.broadcast_object(value)
         self.spent_s += time.perf_counter() - t_start
         self.table[key] = value
         self.measured_keys += 1
-        if self.store is not None and self.group.is_main:
-            self.store.update({self.prefix + key: value})
 
     def describe(self) -> dict:
         return {"mode": self.mode, "operations": len(self.table), "measured_this_run": self.measured_keys,

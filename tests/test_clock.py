@@ -112,3 +112,47 @@ def test_calibrating_a_stateful_compensation_leaves_the_memory_as_it_was(setting
             steps.append(method.step(g, ctx).grad)
         outs.append(torch.stack(steps))
     assert torch.equal(outs[0], outs[1])
+
+
+def _calibrate_in_child(cache: str, value: float, out: str) -> None:
+    """One process of a parallel sweep meeting an uncached profile: its measurement takes 0.5 s
+    and reads `value` (a differently loaded machine)."""
+    from gravac.profile import load_or_measure_profile
+
+    def measure():
+        time.sleep(0.5)
+        return {"forward_s": value, "backward_s": 2 * value, "ready_s": [value], "optimizer_s": 0.0}
+    prof = load_or_measure_profile("model=x", "machine", Path(cache), measure, 3)
+    Path(out).write_text(json.dumps([prof.forward_s, prof.source]))
+
+
+def test_runs_started_together_share_one_profile_calibration(tmp_path):
+    """Two runs of a parallel sweep that start on an empty cache: the second waits for the first's
+    calibration and uses it (each keeping its own measurement gave runs of one grid two clocks)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_calibrate_in_child, args=(str(tmp_path), v, str(tmp_path / f"{i}.json")))
+             for i, v in enumerate((0.01, 0.02))]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    got = sorted(json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2))
+    assert got[0][0] == got[1][0]                       # one forward time for both runs
+    assert sorted(src for _, src in got) == ["cached", "calibrated"]
+
+
+def test_a_concurrently_calibrated_cost_adopts_the_first_stored_value(tmp_path):
+    """Two runs that calibrate the same compression operation at once: the one storing second
+    adopts the stored number, so the cache and both runs agree."""
+    from gravac.comm import SimGroup
+    from gravac.netmodel import NetworkModel
+    from gravac.profile import OpCosts
+
+    group = SimGroup(2, NetworkModel(alpha_s=1e-5, beta_Bps=1e9))
+    first = OpCosts(group, tmp_path, "m", repeats=1)
+    second = OpCosts(group, tmp_path, "m", repeats=1)       # opened before `first` stored anything
+    assert first.cost("topk:100", lambda: None, 0.25) == 0.25
+    assert second.cost("topk:100", lambda: None, 0.75) == 0.25
+    assert OpCosts(group, tmp_path, "m").table == {"topk:100": 0.25}
