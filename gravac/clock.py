@@ -35,7 +35,7 @@ class Clock:
         the DDP-style buckets of this run."""
         c = cfg.clock
         threads = torch.get_num_threads()
-        machine = machine_key(threads, cfg.cluster.device)
+        machine = c.machine or machine_key(threads, cfg.cluster.device)
         cache = profile_dir(c.cache_dir)
         key = (f"model={dataclasses.asdict(cfg.model)} dataset={cfg.dataset.name} input={workers.input_shape()} "
                f"momentum={cfg.train.momentum} weight_decay={cfg.train.weight_decay}")

@@ -72,6 +72,8 @@ class ClockCfg:
     compute_s: float = option(0.0, check=lambda v: v >= 0, valid=">= 0")  # > 0: given fwd+bwd s/step (e.g. a GPU's)
     repeats: int = option(5, check=lambda v: v >= 1, valid=">= 1")       # calibration repetitions (median)
     cache_dir: str = ""                 # "" -> $GRAVAC_CACHE_DIR/profiles, else ~/.cache/gravac-bench/profiles
+    machine: str = ""                   # "" -> this host (torch, device, threads, CPU); a name pins the cached
+                                        # profile and costs to a stated device, whatever host reads them
     record_ready: bool = True           # write ready.jsonl: every worker's gradient-ready offsets per step
 
 

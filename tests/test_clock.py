@@ -73,6 +73,27 @@ def test_given_compute_time_and_ready_records(tmp_path):
             assert 0 < min(offsets) and max(offsets) <= r["backward_ms"][w] + 1e-3
 
 
+def test_a_named_machine_reads_its_profile_and_costs_on_any_host(tmp_path):
+    """`clock.machine` pins the cached profile and cost table to a stated device: a run with
+    another thread count (a different host key) reads what the first run measured, so a committed
+    device table gives the same modelled times on any machine."""
+    args = ["train.steps=4", "cluster.workers=2", "method=static", "compressor=topk", "network=1gbps",
+            "clock.machine=reference-device"]
+    cache = tmp_path / "profiles"
+    _, first, s_first = _run(tmp_path / "a", args, cache)
+    small = [a for a in SMALL if not a.startswith("cluster.threads")] + ["cluster.threads=2"]
+    r = run_cli([*small, f"experiment.results_root={tmp_path / 'b'}", f"clock.cache_dir={cache}", *args])
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = [p for p in (tmp_path / "b").glob("*/*") if p.is_dir()]
+    other = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    s_other = json.loads((run / "summary.json").read_text())
+    assert s_first["clock"]["profile"]["source"] == "calibrated"
+    assert s_other["clock"]["profile"]["source"] == "cached"
+    assert s_other["clock"]["profile"]["machine"] == "reference-device"
+    assert s_other["clock"]["op_costs"]["measured_this_run"] == 0
+    assert [[a[k] for k in TIMES] for a in first] == [[b[k] for k in TIMES] for b in other]
+
+
 def test_measured_clock_follows_the_steps_own_times(tmp_path):
     _, steps, summary = _run(tmp_path, ["train.steps=3", "clock.compute=measured", "network=off"],
                              tmp_path / "profiles")
