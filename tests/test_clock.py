@@ -18,8 +18,8 @@ GRAVAC = ["method=gravac", "compressor=topk", "method.window=4", "method.epsilon
 TIMES = ("compute_model_s", "compress_model_s", "comm_model_s", "step_model_s", "step_overlap_model_s")
 
 
-def _run(root: Path, args: list[str], cache: Path, env=None):
-    r = run_cli([*SMALL, f"experiment.results_root={root}", f"clock.cache_dir={cache}", *args], env=env)
+def _run(root: Path, args: list[str], cache: Path, env=None, small=SMALL):
+    r = run_cli([*small, f"experiment.results_root={root}", f"clock.cache_dir={cache}", *args], env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = [p for p in root.glob("*/*") if p.is_dir()]
     steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
@@ -82,11 +82,7 @@ def test_a_named_machine_reads_its_profile_and_costs_on_any_host(tmp_path):
     cache = tmp_path / "profiles"
     _, first, s_first = _run(tmp_path / "a", args, cache)
     small = [a for a in SMALL if not a.startswith("cluster.threads")] + ["cluster.threads=2"]
-    r = run_cli([*small, f"experiment.results_root={tmp_path / 'b'}", f"clock.cache_dir={cache}", *args])
-    assert r.returncode == 0, r.stderr[-3000:]
-    (run,) = [p for p in (tmp_path / "b").glob("*/*") if p.is_dir()]
-    other = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
-    s_other = json.loads((run / "summary.json").read_text())
+    _, other, s_other = _run(tmp_path / "b", args, cache, small=small)
     assert s_first["clock"]["profile"]["source"] == "calibrated"
     assert s_other["clock"]["profile"]["source"] == "cached"
     assert s_other["clock"]["profile"]["machine"] == "reference-device"
