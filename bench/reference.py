@@ -254,8 +254,10 @@ def main(argv=None) -> int:
     with open(os.path.join(tmp, "summary.md"), "w") as f:
         f.write("# Study summary\n\nMade by `python bench/reference.py` from the runs in this folder. Per setting: "
                 "mean ± sample sd over seeds. Floats are per worker; 'to target' is at the first evaluation "
-                "reaching the target; modelled s = Σ (compute + compression + alpha-beta communication) with "
-                "each experiment's network; speedup vs Top-k 10x = its modelled s to target / this setting's; "
+                "reaching the target; modelled s = Σ over steps of the run's modelled step time (compute + "
+                "compression + alpha-beta communication at the experiment's network, overlapped with backward "
+                "as DDP does when the run's clock overlaps; each run's summary.json `clock` says which and "
+                "where compute and compression times came from); speedup vs Top-k 10x = its modelled s to target / this setting's; "
                 "run wall s includes start-up and evaluation, with two runs sharing the 2 cores.\n\n"
                 + "\n".join(tables))
     if args.bench and os.path.exists(args.bench):
