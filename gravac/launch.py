@@ -89,9 +89,31 @@ def check_resume(cfg: RunConfig) -> str:
     return run_dir
 
 
+def command_line(overrides: list[str]) -> str:
+    """`python bench/run.py OVERRIDES`, shell-quoted (the overrides are already in Hydra's syntax,
+    as given on a command line or written by Hydra's sweeper); without experiment.resume."""
+    return shlex.join(["python", "bench/run.py", *[o for o in overrides if not o.startswith("experiment.resume=")]])
+
+
+def hydra_value(text: str) -> str:
+    """`text` as a value of a Hydra override: as it is when Hydra reads it back unchanged, else
+    quoted (spaces, brackets, commas, non-ASCII letters, a leading digit, '${')."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Quote, QuotedString
+    if "${" not in text:
+        try:
+            if OverridesParser.create().parse_override(f"k={text}").value() == text:
+                return text
+        except Exception:  # noqa: BLE001 - Hydra's grammar refuses it unquoted
+            pass
+    quote = Quote.single if '"' in text and "'" not in text else Quote.double   # double reads best in a shell
+    return QuotedString(text=text.replace("${", "\\${"), quote=quote).with_quotes()
+
+
 def resume_command(command: str, run_dir: str) -> str:
-    """The shell-quoted command that continues the run in `run_dir`."""
-    return f"{command} {shlex.quote('experiment.resume=' + run_dir)}"
+    """The command that continues the run in `run_dir`, quoted for Hydra's override grammar and
+    for the shell, so that it can be pasted whatever the folder's name."""
+    return f"{command} {shlex.quote('experiment.resume=' + hydra_value(run_dir))}"
 
 
 def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") -> dict:
@@ -148,8 +170,7 @@ def launch(cfg: RunConfig, overrides: list[str] | None = None) -> dict | None:
     command a stopped run prints.
     """
     import gravac.faults  # noqa: F401  (a malformed GRAVAC_FAULT is refused before any folder is made)
-    # shell-quoted, so the printed resume command and command.txt survive spaces and brackets in values
-    command = shlex.join(["python", "bench/run.py", *[o for o in overrides or [] if not o.startswith("experiment.resume=")]])
+    command = command_line(overrides or [])
     net = NetworkModel.from_cfg(cfg.network)
     if cfg.cluster.backend == "sim":
         torch.set_num_threads(cfg.cluster.threads or cores())

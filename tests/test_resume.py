@@ -168,25 +168,6 @@ def test_lm_run_extended_from_its_final_checkpoint_equals_a_longer_run(tmp_path)
     assert [(r["loss"], r["cf"]) for r in a] == [(r["loss"], r["cf"]) for r in b] and len(b) == 16
 
 
-def test_printed_resume_command_runs_as_printed_with_a_space_in_the_path(tmp_path):
-    """The resume line and command.txt are shell-quoted (issue 21 case 10): pasted into a shell,
-    they resume the run even when the results root holds a space."""
-    root = tmp_path / "with space"
-    proc = _popen([*ARGS, "train.steps=40", "train.checkpoint_every=0", f"experiment.results_root={root}"])
-    run = _wait_for_steps(root, 3, proc)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    printed = [line.strip() for line in err.splitlines() if "experiment.resume=" in line][-1]
-    assert printed.startswith("python bench/run.py ")
-    assert (run / "command.txt").read_text().strip() in printed
-    r = subprocess.run(printed.replace("python", sys.executable, 1), shell=True, cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
-    assert [s["step"] for s in _records(run, "steps.jsonl")] == list(range(40))
-
-
 @pytest.mark.slow          # ~30 s idle; the resume of a finished run is also in the slow LM extension test
 def test_extended_run_reports_its_new_total_and_a_shorter_resume_is_refused(tmp_path):
     """Resuming with more steps records the new total_steps; fewer steps than the checkpoint is a
@@ -373,3 +354,45 @@ def test_when_rank_0_dies_the_summary_counts_the_steps_it_recorded_and_says_why(
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"]
     assert summary["steps"] == len(_records(run, "steps.jsonl")) == 9
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 33: resume commands for any folder name
+
+def test_the_resume_command_is_quoted_for_hydra_and_the_shell():
+    """Issue 33, case 7: shell quoting alone left values Hydra's grammar refuses unquoted."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from gravac.launch import resume_command
+    parse = OverridesParser.create().parse_override
+    for run in ["results/runs/default/20250101-x", "/tmp/my res [1]/résumé-実験/run", "it's", 'say "a,b"', "a\\",
+                "${oc.env:HOME}", "123", "glob(*)"]:
+        argv = shlex.split(resume_command("python bench/run.py 'experiment.name=\"a b\"'", run))
+        assert argv[:3] == ["python", "bench/run.py", 'experiment.name="a b"'] and len(argv) == 4
+        value = parse(argv[3]).value()
+        assert value == run.replace("${", "\\${"), (run, argv[3], value)     # \${: a literal ${ for OmegaConf
+    assert resume_command("c", "results/runs/x") == "c experiment.resume=results/runs/x"   # plain stays plain
+
+
+def test_the_printed_resume_command_pastes_into_a_shell_for_any_folder_name(tmp_path):
+    """The resume line and command.txt are quoted for the shell (issue 21 case 10: a space in the
+    path) and for Hydra's grammar (issue 33 case 7: `résumé-実験` or `my res [1]` gave
+    LexerNoViableAltException when pasted): pasted into a shell as printed, they resume the run."""
+    root = tmp_path / "my res [1]"
+    args = [a for a in ARGS if not a.startswith("train.steps=")]
+    proc = _popen([*args, "train.steps=30", "train.checkpoint_every=0", 'experiment.name="résumé-実験"',
+                   f'experiment.results_root="{root}"'])
+    run = _wait_for_steps(root, 2, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    printed = err.split("Resume with:\n", 1)[1].splitlines()[0].strip()
+    assert printed == json.loads((run / "summary.json").read_text())["resume_command"]
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])   # `python` is this one
+    r = subprocess.run(["bash", "-c", printed], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PATH": path})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    assert [s["step"] for s in _records(run, "steps.jsonl")] == list(range(30))
