@@ -28,10 +28,11 @@ os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [os.environ.get(
 main = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(sweep.job)
 
 
-if __name__ == "__main__":
+def cli() -> int:
+    """Check the command line in one line per mistake, then run (or sweep); the exit code."""
     if any(a in ("--help", "-h") for a in sys.argv[1:]):
         print(help_text(CONF_DIR))
-        sys.exit(0)
+        return 0
     try:
         check_overrides(sys.argv[1:], CONF_DIR)
         register_base()
@@ -39,6 +40,14 @@ if __name__ == "__main__":
             check_composition(sys.argv[1:], CONF_DIR)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        return 2
     main()
-    sys.exit(sweep.finish(sweep.LAST))   # a sweep's closing report; 0 after a single run
+    return sweep.finish(sweep.LAST)   # a sweep's closing report; 0 after a single run
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(cli())
+    except KeyboardInterrupt:   # a run stops itself; this is a Ctrl-C before it began (composing the config)
+        print("interrupted before the run started; nothing to resume", file=sys.stderr)
+        sys.exit(130)

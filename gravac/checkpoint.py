@@ -29,11 +29,11 @@ class Checkpointer:
     resume and stops the run in one line; it never silently restarts from step 0.
     """
 
-    def __init__(self, run_dir: str | None, group):
-        self.group = group
+    def __init__(self, run_dir: str | None, group=None):
+        self.group = group      # None: only reads where the run stands (checkpoint_step)
         self.root = os.path.join(run_dir, "checkpoint") if run_dir else None
         self.run = os.path.basename(os.path.normpath(run_dir)) if run_dir else ""
-        self.rank = group.local_ranks[0]
+        self.rank = group.local_ranks[0] if group is not None else 0
 
     def _step_dir(self, step: int) -> str:
         return os.path.join(self.root, f"step-{step:08d}")
@@ -88,6 +88,13 @@ class Checkpointer:
                             "cannot be resumed; start a new run")
         return step
 
+    def resumable_step(self) -> int | None:
+        """latest_step(), or None when the pointer is damaged: what a stopped run can say."""
+        try:
+            return self.latest_step()
+        except UserError:
+            return None
+
     def load(self, step: int) -> dict:
         """This rank's state at `step`, after checking its checksum and that it is this run's."""
         path = os.path.join(self._step_dir(step), f"rank-{self.rank}.pt")
@@ -112,6 +119,22 @@ class Checkpointer:
             raise UserError(f"checkpoint file {path} belongs to run {box.get('run')!r}, not {self.run!r}: "
                             "copy the whole run folder, or start a new run")
         return box["state"]
+
+
+def checkpoint_step(run_dir: str) -> int | None:
+    """The step the newest complete checkpoint in `run_dir` resumes at; None when it has none
+    (or its pointer is damaged): what a process reporting on a run it did not run can say."""
+    return Checkpointer(run_dir).resumable_step()
+
+
+def stop_note(what: str, steps: int, checkpoint: int | None) -> str:
+    """One line for a run that ended where it could not checkpoint (a second signal, a kill, a
+    stop before the first step): what happened, at which step, and whether a checkpoint resumes it."""
+    where = f"{what} at step {steps}" if steps else f"{what} before the first step"
+    if checkpoint is not None:
+        return f"{where}; the checkpoint at step {checkpoint} resumes it"
+    return f"{where}; nothing to resume" + (" (no checkpoint: train.checkpoint_every=N saves one every N steps)"
+                                            if steps else "")
 
 
 def _sha256(path: str) -> str:
@@ -148,12 +171,15 @@ class StopFlag:
 
     Stopping mid-step would leave weights, residuals and records out of step with each other;
     the loop instead finishes the step, agrees with the other workers to stop, checkpoints and
-    exits. A second signal restores the default behaviour (an immediate KeyboardInterrupt). The
-    stop file lets a sweep stop jobs it cannot signal (joblib workers, SLURM jobs).
+    exits. A second signal aborts at once (a KeyboardInterrupt, and `aborted` says so, as torch
+    reports a write it cut short as a failed write); later ones are ignored while the run records
+    where it stopped. The stop file lets a sweep stop jobs it cannot signal (joblib workers,
+    SLURM jobs).
     """
 
     def __init__(self):
         self._requested = False
+        self.aborted = False
         self._old = {}
 
     @property
@@ -163,7 +189,10 @@ class StopFlag:
         return self._requested
 
     def _handler(self, signum, frame):
+        if self.aborted:
+            return
         if self._requested:
+            self.aborted = True
             raise KeyboardInterrupt
         self._requested = True
 

@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from gravac.comm import DistGroup, SimGroup
+from gravac.checkpoint import checkpoint_step, stop_note
 from gravac.config import saved_config
 from gravac.errors import Interrupted, UserError, WorkerFailed
 from gravac.heartbeat import silent_rank
@@ -122,19 +123,23 @@ def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") 
     from gravac.train import train
     config = saved_config(cfg)
     writer = RunWriter(run_dir, config) if group.is_main else NullWriter()
-    if group.is_main and not cfg.experiment.resume:
-        atomic_write(os.path.join(run_dir, "command.txt"), command + "\n")
-    resume_cmd = resume_command(command, run_dir)
 
     def tracker_factory(total, dir_):
         return Tracker(cfg.logger, total, config, dir_, enabled=group.is_main)
 
     say = print if group.is_main else (lambda *a, **k: None)
-    if group.is_main:
-        say(f"results: {run_dir}")
     try:
+        if group.is_main and not cfg.experiment.resume:
+            atomic_write(os.path.join(run_dir, "command.txt"), command + "\n")
+        resume_cmd = resume_command(command, run_dir)
+        say(f"results: {run_dir}")
         summary = train(cfg, group, device, writer, tracker_factory, say=say,
                         ckpt=Checkpointer(run_dir, group), resume_cmd=resume_cmd)
+    except KeyboardInterrupt:   # Ctrl-C before the first step (calibration, start-up): a stop, not a failure
+        if not group.is_main:
+            raise
+        _, message, resume = settle(run_dir, "interrupted", "interrupted")
+        raise Interrupted(message, resume) from None
     except BaseException as e:
         if group.is_main:  # failed before training started: say so in the folder, too
             _mark_failed(run_dir, str(e).splitlines()[0] if str(e) else type(e).__name__)
@@ -310,7 +315,7 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
             return
         rank, code = failed
         if code == 130:
-            raise _interrupted(run_dir, command)
+            raise _interrupted(run_dir)
         silent = silent_rank(tmp, cfg.cluster.workers, rank)
         if silent is not None:
             why = (f"worker rank {silent[0]} stopped answering at step {max(0, silent[1]) // 2} (rank {rank} gave up "
@@ -321,19 +326,11 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
         raise WorkerFailed(f"{why}; results so far are in {run_dir}")
 
 
-def _interrupted(run_dir: str, command: str) -> Interrupted:
-    """The stop the workers agreed on, as rank 0 recorded it (step and resume command); a stop
-    before the first checkpoint has nothing to resume."""
-    try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            summary = json.load(f)
-    except (OSError, json.JSONDecodeError):
-        summary = {}
-    if summary.get("status") == "interrupted" and summary.get("resume_command"):
-        return Interrupted(summary["error"], summary["resume_command"])
-    if os.path.isfile(os.path.join(run_dir, "checkpoint", "latest")):
-        return Interrupted("interrupted", resume_command(command, run_dir))
-    return Interrupted("interrupted before the first checkpoint; nothing to resume")
+def _interrupted(run_dir: str) -> Interrupted:
+    """The stop the workers agreed on, as rank 0 recorded it (step and resume command), or, when
+    rank 0 stopped before it could say (start-up), where the run stands."""
+    _, message, resume = settle(run_dir, "interrupted", "interrupted")
+    return Interrupted(message or "interrupted", resume)
 
 
 def _join(ctx) -> tuple[int, int] | None:
@@ -360,24 +357,53 @@ def _join(ctx) -> tuple[int, int] | None:
             continue  # the workers got the signal too and stop together; their exit code tells
 
 
-def _mark_failed(run_dir: str, reason: str, diagnosis: bool = False) -> None:
-    """Record in summary.json that a peer failed (rank 0 may have been killed mid-write)."""
-    path = os.path.join(run_dir, "summary.json")
+def _read_summary(run_dir: str) -> dict:
     try:
-        with open(path) as f:
+        with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
     except (OSError, json.JSONDecodeError):
-        summary = {}
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _recorded_steps(run_dir: str, summary: dict) -> int:
+    """Steps the run recorded: rank 0 may have died long after its last summary write."""
+    path = os.path.join(run_dir, "steps.jsonl")
+    return max(summary.get("steps") or 0, len(read_jsonl(path)) if os.path.exists(path) else 0)
+
+
+def settle(run_dir: str, status: str, what: str) -> tuple[str, str, str]:
+    """How the run in `run_dir` ended: (status, one line, resume command or ""). When its process
+    could not record its end (killed; a stop before the first step), summary.json is made to say
+    `status`, `what` happened at which step, and whether a checkpoint resumes it (and how)."""
+    summary = _read_summary(run_dir)
+    if summary.get("status") not in (None, "running"):
+        return summary["status"], summary.get("error") or "", summary.get("resume_command") or ""
+    saved = checkpoint_step(run_dir)
+    try:
+        with open(os.path.join(run_dir, "command.txt")) as f:
+            command = f.read().strip()
+    except OSError:
+        command = ""
+    resume = resume_command(command, run_dir) if saved is not None and command else ""
+    message = stop_note(what, _recorded_steps(run_dir, summary), saved)
+    _mark_failed(run_dir, message, status=status, resume=resume)
+    return status, message, resume
+
+
+def _mark_failed(run_dir: str, reason: str, diagnosis: bool = False, status: str = "failed", resume: str = "") -> None:
+    """Record in summary.json that a peer failed (rank 0 may have been killed mid-write), or
+    another end the run could not record itself (`status`, with its resume command)."""
+    path = os.path.join(run_dir, "summary.json")
+    summary = _read_summary(run_dir)
     if not os.path.isdir(run_dir):
         return
     if summary.get("status") in (None, "running") or (summary.get("status") == "failed"
                                                        and (diagnosis or not summary.get("error"))):
         # a diagnosis (which rank fell silent) goes first; what rank 0 saw stays beside it
         seen = summary.get("error") if diagnosis and summary.get("error") else None
-        summary.update(status="failed", error=reason + (f" [rank 0: {seen}]" if seen else ""))
-        steps_path = os.path.join(run_dir, "steps.jsonl")
-        if os.path.exists(steps_path):   # rank 0 may have died long after its last summary write
-            summary["steps"] = max(summary.get("steps") or 0, len(read_jsonl(steps_path)))
+        summary.update(status=status, error=reason + (f" [rank 0: {seen}]" if seen else ""),
+                       resume_command=resume or None, steps=_recorded_steps(run_dir, summary))
         try:
             atomic_write(path, json.dumps(summary, indent=2) + "\n")
         except OSError:   # the disk is full or the folder unwritable: the printed error says so

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gravac.checkpoint import Checkpointer, StopFlag
+from gravac.checkpoint import Checkpointer, StopFlag, stop_note
 from gravac.clock import Clock
 from gravac.comm import Group
 from gravac.data import load_dataset
@@ -162,8 +162,8 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
     cadence = Cadence(cfg, parts, writer, tracker, save)
     writer.summary(summary.as_dict("running"))
     status = "failed"
-    try:
-        with StopFlag() as stop:
+    with StopFlag() as stop:   # around the except clauses too: a third signal does not cut their records short
+        try:
             for step in range(start, parts.total):
                 beat(group.local_ranks[0], 2 * step)      # step started
                 lr = lr_at(cfg.train, step)
@@ -197,29 +197,34 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
                     # the next boundary: resuming from there is exact.
                     save(step + 1)
                     raise Interrupted(f"interrupted at step {step + 1}; checkpoint saved", resume_cmd)
-        status = "completed"
-        summary.explanation = explain(method, writer, parts.spe)
-        writer.save_model(parts.model.state_dict())
-    except DivergedError as e:
-        status = "diverged"
-        summary.error = str(e)
-        raise
-    except Interrupted as e:
-        status = "interrupted"
-        summary.error, summary.resume_command = str(e), e.resume
-        raise
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    except OSError as e:   # results cannot be written (full disk, folder made read-only, ...)
-        where = e.filename or writer.dir
-        summary.error = f"cannot write {where}: {e.strerror or e}"
-        raise UserError(f"{summary.error}; free space or fix permissions, then resume from the last "
-                        f"checkpoint: {resume_cmd}") from None
-    finally:
-        tracker.close()
-        try:
-            writer.summary(summary.as_dict(status))
-        except OSError:   # still cannot write: the error above says why
-            pass
+            status = "completed"
+            summary.explanation = explain(method, writer, parts.spe)
+            writer.save_model(parts.model.state_dict())
+        except DivergedError as e:
+            status = "diverged"
+            summary.error = str(e)
+            raise
+        except Interrupted as e:
+            status = "interrupted"
+            summary.error, summary.resume_command = str(e), e.resume
+            raise
+        except (KeyboardInterrupt, OSError) as e:
+            if isinstance(e, OSError) and not stop.aborted:   # results cannot be written (full disk, read-only, ...)
+                where = e.filename or writer.dir
+                summary.error = f"cannot write {where}: {e.strerror or e}"
+                raise UserError(f"{summary.error}; free space or fix permissions, then resume from the last "
+                                f"checkpoint: {resume_cmd}") from None
+            # a second signal: torch.save reports a write it cut short as an OSError, not a full disk
+            status = "interrupted"
+            saved = ckpt.resumable_step() if ckpt is not None else None
+            what = "aborted by a second signal" if stop.aborted else "interrupted"
+            summary.error = stop_note(what, summary.steps, saved)
+            summary.resume_command = resume_cmd if saved is not None else None
+            raise Interrupted(summary.error, summary.resume_command or "") from None
+        finally:
+            tracker.close()
+            try:
+                writer.summary(summary.as_dict(status))
+            except OSError:   # still cannot write: the error above says why
+                pass
     return summary.as_dict(status)

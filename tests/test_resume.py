@@ -357,7 +357,7 @@ def test_when_rank_0_dies_the_summary_counts_the_steps_it_recorded_and_says_why(
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 33: resume commands for any folder name
+# issue 33: resume commands for any folder name, and stops before the first step or mid-abort
 
 def test_the_resume_command_is_quoted_for_hydra_and_the_shell():
     """Issue 33, case 7: shell quoting alone left values Hydra's grammar refuses unquoted."""
@@ -396,3 +396,103 @@ def test_the_printed_resume_command_pastes_into_a_shell_for_any_folder_name(tmp_
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
     assert [s["step"] for s in _records(run, "steps.jsonl")] == list(range(30))
+
+
+def _in_process(overrides: list[str]):
+    from conftest import compose
+
+    from gravac.config import build_config
+    return build_config(compose(overrides), overrides=overrides)
+
+
+@pytest.mark.parametrize("where,at", [("in a step", 5), ("in the stop's checkpoint", 6)])
+def test_a_second_signal_aborts_saying_at_which_step_and_what_resumes_it(tmp_path, monkeypatch, where, at):
+    """Issue 33: a second Ctrl-C at step 5 said "interrupted before the first step; nothing to
+    resume"; one that cut the stop's checkpoint short (torch reports it as a failed write) said
+    "cannot write ...; free space or fix permissions" with a free disk."""
+    from gravac import track
+    from gravac.errors import Interrupted
+    from gravac.launch import launch
+    overrides = [*[a for a in ARGS if not a.startswith(("train.steps=", "train.checkpoint_every="))],
+                 "train.steps=50", "train.checkpoint_every=4", f"experiment.results_root={tmp_path}"]
+    armed, real_step, real_save = [], track.Tracker.step, torch.save
+
+    def step(self, record, postfix):     # after step 4: a Ctrl-C, then another now or while the stop checkpoints
+        real_step(self, record, postfix)
+        if record["step"] == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+            if where == "in a step":
+                os.kill(os.getpid(), signal.SIGINT)
+            armed.append(where != "in a step")
+
+    def save(obj, f, *args, **kwargs):
+        if not any(armed):
+            return real_save(obj, f, *args, **kwargs)
+        armed.clear()
+
+        class Interrupting:           # the file the checkpoint is written to, and a Ctrl-C midway
+            writes = 0
+
+            def write(self, b):
+                self.writes += 1
+                if self.writes == 3:
+                    os.kill(os.getpid(), signal.SIGINT)
+                return f.write(b)
+
+            def flush(self):
+                f.flush()
+        return real_save(obj, Interrupting(), *args, **kwargs)
+    monkeypatch.setattr(track.Tracker, "step", step)
+    monkeypatch.setattr(torch, "save", save)
+    try:
+        launch(_in_process(overrides), overrides)
+        raised = None
+    except BaseException as e:  # noqa: BLE001 - a bare KeyboardInterrupt would end the test session
+        raised = e
+    assert isinstance(raised, Interrupted), repr(raised)
+    run = _only_run(tmp_path)
+    why = f"aborted by a second signal at step {at}; the checkpoint at step 4 resumes it"
+    resume = f"{(run / 'command.txt').read_text().strip()} experiment.resume={run}"
+    assert (str(raised), raised.resume) == (why, resume)
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["status"], summary["steps"], summary["error"], summary["resume_command"]) == \
+        ("interrupted", at, why, resume)
+    assert (run / "checkpoint" / "latest").read_text().strip() == "step-00000004"
+    assert not [p for p in run.rglob("*") if "tmp" in p.name]
+
+
+@pytest.mark.parametrize("cluster", ["sim", pytest.param("ddp", marks=pytest.mark.slow)])
+def test_ctrl_c_before_the_first_step_is_an_interruption_not_a_failure(tmp_path, cluster):
+    """Issue 33: Ctrl-C during the device calibration (sim) or the workers' start-up (ddp, a Ctrl-C
+    to the process group) recorded status failed, error KeyboardInterrupt."""
+    root = tmp_path / "runs"
+    proc = _popen([*ARGS, f"cluster={cluster}", "clock.repeats=1000000", f"clock.cache_dir={tmp_path / 'cache'}",
+                   f"experiment.results_root={root}"], session=True)
+    t0 = time.time()
+    while not list(root.glob("*/*/command.txt")):       # the run has begun; calibration takes minutes
+        assert proc.poll() is None and time.time() - t0 < 240, proc.communicate()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert (proc.returncode, err) == (130, "interrupted before the first step; nothing to resume\n")
+    summary = json.loads((_only_run(root) / "summary.json").read_text())
+    assert (summary["status"], summary["error"], summary["steps"]) == \
+        ("interrupted", "interrupted before the first step; nothing to resume", 0)
+
+
+def test_ctrl_c_while_the_config_is_checked_is_one_line(tmp_path):
+    """Issue 33: a Ctrl-C before the run began (here: a plug-in module loading) printed a traceback."""
+    (tmp_path / "slow_plugin.py").write_text("import time\nprint('plugin loading', flush=True)\ntime.sleep(300)\n")
+    env = {**os.environ, "GRAVAC_PLUGINS": "slow_plugin",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "run.py"), "train.steps=1"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "plugin loading"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, err) == (130, "interrupted before the run started; nothing to resume\n")
