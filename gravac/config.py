@@ -240,8 +240,12 @@ def option_nodes() -> dict[str, dict[str, dict]]:
 
 def register_base() -> None:
     """Store base_node() as `gravac_base` and each plug-in's options as `options/<kind>/<name>` in
-    Hydra's ConfigStore; conf/config.yaml picks the chosen plug-in's node by interpolation."""
+    Hydra's ConfigStore; conf/config.yaml picks the chosen plug-in's node by interpolation (and
+    names a sweep's folder with ${gravac.sweep_id:}, gravac/sweep.py)."""
     from hydra.core.config_store import ConfigStore
+
+    from gravac.sweep import register_resolver
+    register_resolver()
     cs = ConfigStore.instance()
     cs.store(name="gravac_base", node=base_node())
     for kind, nodes in option_nodes().items():

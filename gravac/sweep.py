@@ -5,10 +5,14 @@ sweeper plug-in `hydra_plugins/gravac_sweeper` drives whatever the launcher.
 A sweep's jobs may run in other processes or on other machines, so nothing about the sweep is
 kept in the job's memory: duplicate cells are dropped before launch, each job returns an Outcome,
 and a stop request is a file in the sweep folder that every job looks at (GRAVAC_SWEEP_STOP).
+Each sweep has a folder and a stop file of its own, so sweeps started together, or one started
+after a stopped one in the same folder, never stop each other.
 """
 from __future__ import annotations
 
+import glob
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -21,6 +25,22 @@ from gravac.config import ConfigError, build_config, same_run_line, sweep_key
 from gravac.errors import Interrupted, UserError
 
 NOTHING_TO_RESUME = "interrupted before the first step; nothing to resume"
+
+
+def unique_id() -> str:
+    """This process's id and a random part: a sweep folder's suffix (conf/config.yaml's
+    ${gravac.sweep_id:}), which no other sweep started in the same second shares."""
+    return f"{os.getpid()}{secrets.token_hex(2)}"
+
+
+def register_resolver() -> None:
+    """${gravac.sweep_id:} in conf/config.yaml. Cached in the config, and Hydra copies the cache
+    into every job's config, so each job of the sweep resolves the same folder."""
+    from omegaconf import OmegaConf
+    OmegaConf.register_new_resolver("gravac.sweep_id", unique_id, use_cache=True, replace=True)
+
+
+register_resolver()
 
 
 @dataclass
@@ -173,13 +193,18 @@ LAST: Report | None = None      # the sweep this process ran; bench/run.py turns
 class Plan:
     """Runs a sweep's batches through `launcher`: duplicates of earlier cells are said and dropped
     before launch, jobs sharing this machine's cores get a thread count, a Ctrl-C or SIGTERM here
-    reaches jobs in other processes through the stop file. `load(overrides)` composes a job."""
+    reaches jobs in other processes through the sweep's own stop file. `load(overrides)` composes
+    a job."""
 
     def __init__(self, launcher, load, sweep_dir: str, total: int):
         self.launcher, self.load = launcher, load
         self.seen: dict[str, tuple[int, list[str]]] = {}
         self.report = Report(total=total)
-        os.environ[STOP_ENV] = os.path.join(sweep_dir, "stop")
+        earlier = sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(sweep_dir), "stop*")))
+        if earlier:
+            print(f"sweep: {sweep_dir} holds the stop file of an earlier, stopped sweep ({', '.join(earlier)}); "
+                  "this sweep starts clean (resume the earlier sweep's runs with the commands it printed)", flush=True)
+        os.environ[STOP_ENV] = os.path.join(sweep_dir, f"stop-{unique_id()}")
 
     def run(self, batches: list[list[list[str]]]) -> Report:
         """Launch batch after batch until done or stopped; the report is also kept in LAST."""

@@ -102,7 +102,7 @@ def test_parallel_jobs_follows_n_jobs_and_the_grid():
 def test_a_stopped_sweep_launches_nothing_more(_plan, tmp_path):
     launcher = FakeLauncher()
     plan = _plan(launcher, total=2)
-    (tmp_path / "stop").touch()                  # as a Ctrl-C, or an interrupted job, leaves it
+    Path(os.environ["GRAVAC_SWEEP_STOP"]).touch()      # as a Ctrl-C, or an interrupted job, leaves it
     report = plan.run([[["method=dense"]], [["method=gravac", "compressor=topk"]]])
     assert launcher.launched == [] and report.jobs == []
     from gravac.sweep import finish
@@ -133,6 +133,45 @@ def test_finish_reports_failures_and_stops_once(capsys):
     assert code == 130
     assert capsys.readouterr().err == f"{hint}\nsweep stopped: 1 job(s) interrupted, 2 not started\n"
     assert finish(None) == 0                      # a single run
+
+
+def test_sweeps_started_in_the_same_second_get_folders_of_their_own(_composer):
+    """Issue 33, case 4: two sweeps of the same name and results root, started in the same second,
+    shared .multirun/<time>/ (and with it the stop file and multirun.yaml)."""
+    from omegaconf import OmegaConf
+    from omegaconf.basecontainer import BaseContainer
+    now = BaseContainer._resolvers["now"]
+    OmegaConf.register_new_resolver("now", lambda pattern: "20250101-120000", replace=True)   # the same second
+    try:
+        dirs = [str(_composer_with_hydra(["method=dense"]).hydra.sweep.dir) for _ in range(2)]
+    finally:
+        BaseContainer._resolvers["now"] = now
+    assert dirs[0] != dirs[1], dirs
+    assert all(d.startswith("results/runs/default/.multirun/20250101-120000-") for d in dirs), dirs
+
+
+def _composer_with_hydra(overrides):
+    from hydra import compose as hydra_compose
+    return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
+
+
+def test_a_sweep_started_in_the_folder_of_a_stopped_one_starts_clean(_plan, tmp_path, capsys):
+    """Issue 33, case 5: with a fixed hydra.sweep.dir, the stop file a stopped sweep left behind
+    stopped every later sweep there before it ran anything. Each sweep has a stop file of its own,
+    and says that it starts clean; the stopped sweep's runs are resumed with the commands it printed."""
+    from gravac.checkpoint import request_stop, stop_requested
+    from gravac.sweep import finish
+    _plan(FakeLauncher(), total=1)
+    request_stop()                                   # the first sweep was stopped
+    (tmp_path / "stop").touch()                      # as the sweeps before this fix left it
+    launcher = FakeLauncher()
+    plan = _plan(launcher, total=1)
+    assert not stop_requested()
+    report = plan.run([[["method=dense"]]])
+    assert launcher.launched == [["method=dense"]] and finish(report) == 0
+    out = capsys.readouterr().out
+    assert f"sweep: {tmp_path} holds the stop file of an earlier, stopped sweep (stop, stop-" in out
+    assert "this sweep starts clean" in out
 
 
 def test_the_stop_file_stops_a_training_loop(tmp_path, monkeypatch):
@@ -273,6 +312,44 @@ def test_joblib_sweep_stop_checkpoints_the_running_jobs_and_starts_no_more(tmp_p
         summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] == "interrupted" and (run / "checkpoint" / "latest").exists()
         assert f"experiment.resume={run}" in err
+
+
+def _steps(run: Path) -> int:
+    path = run / "steps.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.slow
+def test_a_stop_of_one_sweep_leaves_another_sweep_in_the_same_folder_running(tmp_path):
+    """Issue 33, cases 4 and 5: two sweeps sharing a folder (as two started in the same second
+    shared .multirun/<time>/) shared its stop file: SIGTERM to one stopped the other."""
+    sweeps = {name: _popen_sweep(["-m", "method=dense", "train.steps=2000", *TINY, f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                                  f"experiment.results_root={tmp_path / name}"]) for name in ("a", "b")}
+    try:
+        t0 = time.time()
+        while not all(_runs(tmp_path / n) and _steps(_runs(tmp_path / n)[0]) >= 2 for n in sweeps):
+            assert all(p.poll() is None for p in sweeps.values()) and time.time() - t0 < 400, \
+                [p.communicate() for p in sweeps.values() if p.poll() is not None]
+            time.sleep(0.2)
+        sweeps["a"].send_signal(signal.SIGTERM)
+        _, err = sweeps["a"].communicate(timeout=300)
+        assert sweeps["a"].returncode == 130, err[-3000:]
+        (b,) = _runs(tmp_path / "b")
+        seen = _steps(b)
+        while _steps(b) < seen + 5:                        # b goes on
+            assert sweeps["b"].poll() is None and time.time() - t0 < 600, sweeps["b"].communicate()
+            time.sleep(0.2)
+        sweeps["b"].send_signal(signal.SIGTERM)
+        _, err = sweeps["b"].communicate(timeout=300)
+        assert sweeps["b"].returncode == 130, err[-3000:]
+    finally:
+        for p in sweeps.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    for name in sweeps:
+        summary = json.loads((_runs(tmp_path / name)[0] / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["resume_command"], summary
 
 
 # ---------------------------------------------------------------------------------------------
