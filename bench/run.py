@@ -48,6 +48,7 @@ def cli() -> int:
 if __name__ == "__main__":
     try:
         sys.exit(cli())
-    except KeyboardInterrupt:   # a run stops itself; this is a Ctrl-C before it began (composing the config)
-        print("interrupted before the run started; nothing to resume", file=sys.stderr)
+    except KeyboardInterrupt:   # a run stops itself; this is a Ctrl-C before it began, or one aborting a sweep
+        print(sweep.ABORTED if sweep.LAST is not None else "interrupted before the run started; nothing to resume",
+              file=sys.stderr)
         sys.exit(130)

@@ -173,7 +173,7 @@ class StopFlag:
     the loop instead finishes the step, agrees with the other workers to stop, checkpoints and
     exits. A second signal aborts at once (a KeyboardInterrupt, and `aborted` says so, as torch
     reports a write it cut short as a failed write); later ones are ignored while the run records
-    where it stopped. The stop file lets a sweep stop jobs it cannot signal (joblib workers,
+    where it stopped. The stop file lets a sweep stop jobs it does not signal (its local jobs,
     SLURM jobs).
     """
 

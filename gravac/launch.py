@@ -162,33 +162,39 @@ def _report(s: dict, run_dir: str) -> None:
     print(f"results: {run_dir}")
 
 
-def _new_run_dir(cfg: RunConfig) -> str:
+def _new_run_dir(cfg: RunConfig, started=None) -> str:
+    """The run's folder (made, or the one to resume); `started(folder)` is told of it."""
     if cfg.experiment.resume:
-        return check_resume(cfg)
-    return make_run_dir(cfg.experiment.results_root, cfg.experiment.name, cfg.experiment.run_id, _tag(cfg))
+        run_dir = check_resume(cfg)
+    else:
+        run_dir = make_run_dir(cfg.experiment.results_root, cfg.experiment.name, cfg.experiment.run_id, _tag(cfg))
+    if started is not None:
+        started(run_dir)
+    return run_dir
 
 
-def launch(cfg: RunConfig, overrides: list[str] | None = None) -> dict | None:
+def launch(cfg: RunConfig, overrides: list[str] | None = None, started=None) -> dict | None:
     """Run `cfg` on its backend; returns the summary in the process that wrote it.
 
     `overrides` are the command-line overrides that produced `cfg`; they make up the resume
-    command a stopped run prints.
+    command a stopped run prints. `started(run folder)` is called once the folder exists (a
+    sweep's job tells the sweep where to look if its process dies).
     """
     import gravac.faults  # noqa: F401  (a malformed GRAVAC_FAULT is refused before any folder is made)
     command = command_line(overrides or [])
     net = NetworkModel.from_cfg(cfg.network)
     if cfg.cluster.backend == "sim":
         torch.set_num_threads(cfg.cluster.threads or cores())
-        run_dir = _new_run_dir(cfg)
+        run_dir = _new_run_dir(cfg, started)
         lock = RunLock(run_dir)
         try:
             return _run(cfg, SimGroup(cfg.cluster.workers, net), _device(cfg, 0), run_dir, command)
         finally:
             lock.release()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
-        return _torchrun_worker(cfg, command)
+        return _torchrun_worker(cfg, command, started)
     check_process_count(cfg.cluster.workers)
-    return _spawn(cfg, command)
+    return _spawn(cfg, command, started)
 
 
 PROCESS_GIB = 0.75   # measured: one cluster=ddp worker of mini_vgg on CIFAR-10 held 0.72 GiB resident
@@ -215,7 +221,7 @@ def _init_dist(cfg: RunConfig, init_method: str | None, rank: int | None, world:
     dist.init_process_group(backend, **kwargs)
 
 
-def _torchrun_worker(cfg: RunConfig, command: str) -> dict | None:
+def _torchrun_worker(cfg: RunConfig, command: str, started=None) -> dict | None:
     """This process is one rank of a torchrun job: rank 0 names the folder and tells the others."""
     import torch.distributed as dist
     _init_dist(cfg, None, None, None)
@@ -225,7 +231,7 @@ def _torchrun_worker(cfg: RunConfig, command: str) -> dict | None:
     run_dir, lock, problem = None, None, None
     if dist.get_rank() == 0:
         try:
-            run_dir = _new_run_dir(cfg)
+            run_dir = _new_run_dir(cfg, started)
             lock = RunLock(run_dir)
         except UserError as e:
             problem = str(e)
@@ -281,9 +287,9 @@ def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, comma
         sys.exit(1)
 
 
-def _spawn(cfg: RunConfig, command: str) -> None:
+def _spawn(cfg: RunConfig, command: str, started=None) -> None:
     """Start `cluster.workers` processes rendezvousing through a file (no port to collide on)."""
-    run_dir = _new_run_dir(cfg)
+    run_dir = _new_run_dir(cfg, started)
     lock = RunLock(run_dir)
     try:
         _spawn_into(cfg, command, run_dir)

@@ -1,6 +1,7 @@
-"""Runs and sweeps as Hydra starts them: the task function every job runs (in this process, a
-joblib worker or a SLURM job), and the submitting side of a sweep (`bench/run.py -m`), which the
-sweeper plug-in `hydra_plugins/gravac_sweeper` drives whatever the launcher.
+"""Runs and sweeps as Hydra starts them: the task function every job runs (in this process, in
+a process of its own under hydra/launcher=joblib (gravac/jobs.py), or in a SLURM job), and the
+submitting side of a sweep (`bench/run.py -m`), which the sweeper plug-in
+`hydra_plugins/gravac_sweeper` drives whatever the launcher.
 
 A sweep's jobs may run in other processes or on other machines, so nothing about the sweep is
 kept in the job's memory: duplicate cells are dropped before launch, each job returns an Outcome,
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from gravac.checkpoint import STOP_ENV, request_stop, stop_requested
 from gravac.config import ConfigError, build_config, same_run_line, sweep_key
 from gravac.errors import Interrupted, UserError
+from gravac.jobs import Outcome, tell_run_dir
 
 NOTHING_TO_RESUME = "interrupted before the first step; nothing to resume"
 
@@ -41,14 +43,6 @@ def register_resolver() -> None:
 
 
 register_resolver()
-
-
-@dataclass
-class Outcome:
-    """What one job of a sweep came to: completed, failed, interrupted or not started (the sweep
-    was stopped first); `message` is the error, or the stop hint with its resume command."""
-    status: str
-    message: str = ""
 
 
 def cores() -> int:
@@ -88,14 +82,13 @@ def sweep_job(cfg, overrides: list[str]) -> Outcome:
     are printed where the job's output goes (the terminal, or SLURM's log) and returned."""
     if stop_requested():
         return Outcome("not started")
-    _standard_start_method()
     with _signals_interrupt():
         try:
-            run(build_config(cfg, overrides=overrides), overrides)
+            run(build_config(cfg, overrides=overrides), overrides, started=tell_run_dir)
             return Outcome("completed")
         except Interrupted as e:
             request_stop()
-            return Outcome("interrupted", e.hint())
+            return Outcome("interrupted", e.hint(), e.resume)
         except (ConfigError, UserError) as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             return Outcome("failed", str(e))
@@ -107,24 +100,10 @@ def sweep_job(cfg, overrides: list[str]) -> Outcome:
             return Outcome("failed", f"crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
-def _standard_start_method() -> None:
-    """A joblib (loky) worker's multiprocessing start method is 'loky', which the processes that
-    cluster=ddp spawns from it cannot set ("cannot find context for 'loky'"): use the default."""
-    import multiprocessing
-    if multiprocessing.get_start_method(allow_none=True) not in (None, *multiprocessing.get_all_start_methods()):
-        multiprocessing.set_start_method(None, force=True)
-
-
-def ignore_interrupts() -> None:
-    """Initializer of joblib's worker processes: an idle worker ignores the terminal's Ctrl-C
-    (it would die of it, and joblib would then kill the jobs still checkpointing)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 @contextmanager
 def _signals_interrupt():
     """During a job, Ctrl-C and SIGTERM raise KeyboardInterrupt (the training loop turns them into
-    a stop at the next step), in a joblib worker too, which ignores them between jobs."""
+    a stop at the next step), in a job's own process too, which ignores them otherwise."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt
     try:
@@ -139,10 +118,10 @@ def _signals_interrupt():
             signal.signal(s, h)
 
 
-def run(run_cfg, overrides: list[str]) -> None:
+def run(run_cfg, overrides: list[str], started=None) -> None:
     """Launch one run; inside a SLURM job step of several tasks each task is one ddp worker."""
     from gravac.launch import launch
-    launch(slurm_task(run_cfg), overrides=overrides)
+    launch(slurm_task(run_cfg), overrides=overrides, started=started)
 
 
 def slurm_task(run_cfg):
@@ -194,12 +173,14 @@ class Plan:
     """Runs a sweep's batches through `launcher`: duplicates of earlier cells are said and dropped
     before launch, jobs sharing this machine's cores get a thread count, a Ctrl-C or SIGTERM here
     reaches jobs in other processes through the sweep's own stop file. `load(overrides)` composes
-    a job."""
+    a job. The joblib launcher's jobs run through gravac.jobs (one process each)."""
 
     def __init__(self, launcher, load, sweep_dir: str, total: int):
         self.launcher, self.load = launcher, load
         self.seen: dict[str, tuple[int, list[str]]] = {}
         self.report = Report(total=total)
+        self.local = hasattr(launcher, "joblib")
+        self.aborting = False      # a second signal: the local jobs are killed
         earlier = sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(sweep_dir), "stop*")))
         if earlier:
             print(f"sweep: {sweep_dir} holds the stop file of an earlier, stopped sweep ({', '.join(earlier)}); "
@@ -213,26 +194,33 @@ class Plan:
         first = 0
         with self._signals():
             for batch in batches:
-                if stop_requested():
-                    break
-                jobs = self.jobs(batch, first)
-                outcomes = self._launch([o for _, _, o in jobs], first) if jobs else []
-                self.report.jobs += [(num, overrides, o) for (num, overrides, _), o in zip(jobs, outcomes)]
+                if stop_requested() or self.aborting:
+                    self.report.jobs += [(num, list(o), Outcome("not started")) for num, o in enumerate(batch, first)]
+                else:
+                    jobs = self.jobs(batch, first)
+                    outcomes = self._launch(jobs, first) if jobs else []
+                    self.report.jobs += [(num, overrides, o) for (num, overrides, _), o in zip(jobs, outcomes)]
                 first += len(batch)
         return self.report
 
-    def _launch(self, jobs: list[list[str]], first: int) -> list[Outcome]:
+    def _launch(self, jobs: list[tuple[int, list[str], list[str]]], first: int) -> list[Outcome]:
         """The jobs' outcomes; when the launcher itself fails (no sbatch, a SLURM job killed before
         it could answer), every job of the batch fails with the launcher's one line."""
-        if hasattr(self.launcher, "joblib"):
-            self.launcher.joblib.setdefault("initializer", ignore_interrupts)
+        if self.local:
+            return self._here([(num, launched) for num, _, launched in jobs])
         try:
-            return [r.return_value for r in self.launcher.launch(jobs, initial_job_idx=first)]
+            return [r.return_value for r in self.launcher.launch([o for _, _, o in jobs], initial_job_idx=first)]
         except Exception as e:  # noqa: BLE001
             text = str(e).strip().splitlines()[0] if str(e).strip() else ""
             why = f"{type(self.launcher).__name__}: {type(e).__name__}: {text}"
             print(f"error: {why}", file=sys.stderr, flush=True)
             return [Outcome("failed", why)] * len(jobs)
+
+    def _here(self, jobs: list[tuple[int, list[str]]]) -> list[Outcome]:
+        """The joblib launcher's jobs (grid number, overrides), n_jobs at a time on this machine."""
+        from gravac.jobs import LocalJobs, hydra_work
+        runner = LocalJobs(hydra_work(self.launcher), parallel_jobs(self.launcher, len(jobs)), lambda: self.aborting)
+        return runner.run(jobs)
 
     def jobs(self, batch: list[list[str]], first: int) -> list[tuple[int, list[str], list[str]]]:
         """(grid number, overrides, overrides to launch) of the batch's jobs that will run."""
@@ -279,16 +267,24 @@ class Plan:
     @contextmanager
     def _signals(self):
         """Jobs in other processes: a first Ctrl-C or SIGTERM here writes the stop file (running
-        jobs checkpoint at their next step, the rest do not start); a second one aborts. Jobs in
-        this process take the signals themselves."""
+        jobs checkpoint at their next step, the rest do not start); a second one aborts: local
+        jobs are killed (their folders then say where they stopped), elsewhere this process stops
+        waiting. Jobs in this process take the signals themselves."""
         if type(self.launcher).__name__ == "BasicLauncher":
             yield
             return
         asked = []
 
         def handler(signum, frame):
-            if asked:
+            if self.aborting:
+                return
+            if asked and not self.local:
                 raise KeyboardInterrupt
+            if asked:
+                self.aborting = True
+                print("sweep: aborting: the running jobs are killed; each run's summary.json says where it stopped",
+                      file=sys.stderr, flush=True)
+                return
             asked.append(signum)
             request_stop()
             print("sweep: stopping; running jobs checkpoint at their next step (signal again to abort)",
@@ -314,19 +310,31 @@ def parallel_jobs(launcher, n: int) -> int:
 
 
 def finish(report: Report | None) -> int:
-    """Say what the sweep came to, once, in the submitting process; the exit code: 130 when it
-    was stopped, 2 when a job failed, else 0."""
+    """Say what the sweep came to, once, in the submitting process: each stopped job's resume
+    command, the command of each cell that did not start, the failures last; the exit code: 130
+    when it was stopped, 2 when a job failed, else 0."""
     if report is None:
         return 0
+    from gravac.launch import command_line
     stopped = [o for _, _, o in report.jobs if o.status == "interrupted"]
     failed = [(n, ov, o) for n, ov, o in report.jobs if o.status == "failed"]
-    waiting = report.total - report.skipped - len(report.jobs) + sum(o.status == "not started" for _, _, o in report.jobs)
+    waiting = [(n, ov) for n, ov, o in report.jobs if o.status == "not started"]
     for o in stopped:
         print(o.message, file=sys.stderr)
+    for n, _, o in failed:
+        if o.resume:
+            print(f"job #{n} failed but left a checkpoint. Resume with:\n  {o.resume}", file=sys.stderr)
     if stopped or waiting:
-        print(f"sweep stopped: {len(stopped)} job(s) interrupted, {waiting} not started", file=sys.stderr)
+        print(f"sweep stopped: {len(stopped)} job(s) interrupted, {len(waiting)} not started"
+              + ("; run each one not started with:" if waiting else ""), file=sys.stderr)
+        for n, ov in waiting:
+            print(f"  {command_line(ov)}   # job #{n}", file=sys.stderr)
     if failed:
         print(f"error: {len(failed)} job(s) of the sweep failed: "
               + "; ".join(f"#{n} {' '.join(ov)} ({o.message.splitlines()[0] if o.message else 'failed'})"
                           for n, ov, o in failed), file=sys.stderr)
     return 130 if stopped or waiting else 2 if failed else 0
+
+
+ABORTED = ("sweep aborted; jobs running elsewhere (SLURM) stop at their next step (the stop file), and each run's "
+           "summary.json says how it ended")

@@ -35,6 +35,17 @@ class FakeLauncher:
 
 
 @pytest.fixture
+def _jobs_here(monkeypatch):
+    """Plans of a (fake) joblib launcher record the jobs they would run on this machine."""
+    from gravac.sweep import Outcome, Plan
+
+    def here(plan, jobs):
+        plan.launcher.launched += [list(o) for _, o in jobs]
+        return [Outcome("completed") for _ in jobs]
+    monkeypatch.setattr(Plan, "_here", here)
+
+
+@pytest.fixture
 def _composer():
     """Compose jobs as the sweeper does, with Hydra initialised once for the test."""
     from hydra import compose as hydra_compose
@@ -68,7 +79,7 @@ def _own_stop_file(monkeypatch):
     _unset_after_test(monkeypatch, "GRAVAC_SWEEP_STOP")
 
 
-def test_plan_skips_duplicates_before_launch_and_gives_parallel_jobs_their_threads(_plan, capsys):
+def test_plan_skips_duplicates_before_launch_and_gives_parallel_jobs_their_threads(_plan, _jobs_here, capsys):
     batch = [["method=dense", "compressor=topk"], ["method=dense", "compressor=dgc"],
              ["method=static", "compressor=topk", "cluster.threads=2"], ["method=static", "compressor=topk", "cluster=ddp"]]
     launcher = FakeLauncher(joblib={"n_jobs": 2})
@@ -104,7 +115,8 @@ def test_a_stopped_sweep_launches_nothing_more(_plan, tmp_path):
     plan = _plan(launcher, total=2)
     Path(os.environ["GRAVAC_SWEEP_STOP"]).touch()      # as a Ctrl-C, or an interrupted job, leaves it
     report = plan.run([[["method=dense"]], [["method=gravac", "compressor=topk"]]])
-    assert launcher.launched == [] and report.jobs == []
+    assert launcher.launched == []
+    assert [(n, o.status) for n, _, o in report.jobs] == [(0, "not started"), (1, "not started")]
     from gravac.sweep import finish
     assert finish(report) == 130
 
@@ -129,9 +141,12 @@ def test_finish_reports_failures_and_stops_once(capsys):
     assert capsys.readouterr().err == ("error: 1 job(s) of the sweep failed: #2 a=3 "
                                        "(train.lr=-1.0 is out of range: must be > 0)\n")
     hint = "interrupted at step 5; checkpoint saved. Resume with:\n  python bench/run.py a=1 experiment.resume=x"
-    code = finish(Report(total=3, jobs=[(0, ["a=1"], Outcome("interrupted", hint)), (1, ["a=2"], Outcome("not started"))]))
+    code = finish(Report(total=3, jobs=[(0, ["a=1"], Outcome("interrupted", hint)), (1, ["a=2"], Outcome("not started")),
+                                        (2, ["a=3", "b=x y"], Outcome("not started"))]))
     assert code == 130
-    assert capsys.readouterr().err == f"{hint}\nsweep stopped: 1 job(s) interrupted, 2 not started\n"
+    assert capsys.readouterr().err == (f"{hint}\nsweep stopped: 1 job(s) interrupted, 2 not started; run each one not "
+                                       "started with:\n  python bench/run.py a=2   # job #1\n"
+                                       "  python bench/run.py a=3 'b=x y'   # job #2\n")
     assert finish(None) == 0                      # a single run
 
 
@@ -172,6 +187,82 @@ def test_a_sweep_started_in_the_folder_of_a_stopped_one_starts_clean(_plan, tmp_
     out = capsys.readouterr().out
     assert f"sweep: {tmp_path} holds the stop file of an earlier, stopped sweep (stop, stop-" in out
     assert "this sweep starts clean" in out
+
+
+def test_a_stopped_sweep_names_each_cell_it_did_not_start_and_its_command(_plan, capsys):
+    """A stop in the first batch: the second batch's cells are named, each with its command."""
+    from gravac.checkpoint import request_stop
+    from gravac.sweep import Outcome, finish
+
+    class Stops(FakeLauncher):
+        def launch(self, jobs, initial_job_idx):
+            request_stop()
+            return [SimpleNamespace(return_value=Outcome("interrupted", "interrupted at step 3; checkpoint saved. "
+                                                          "Resume with:\n  python bench/run.py x"))]
+    report = _plan(Stops(), total=3).run([[["method=dense"]], [["method=static", "experiment.name=\"a b\""],
+                                                               ["method=gravac"]]])
+    assert finish(report) == 130
+    err = capsys.readouterr().err
+    assert "sweep stopped: 1 job(s) interrupted, 2 not started; run each one not started with:\n" in err
+    assert "  python bench/run.py method=static 'experiment.name=\"a b\"'   # job #1\n" in err
+    assert "  python bench/run.py method=gravac   # job #2\n" in err
+
+
+def _job_for_test(num: int, overrides: list[str]):
+    """A sweep job for LocalJobs, in a process of its own, as its overrides say. die=FOLDER: make a
+    run folder 5 steps in, with a checkpoint at step 4, tell the sweep, and be SIGKILLed (as the
+    OOM killer does); outlive=FILE: complete only once the process whose id FILE holds is gone."""
+    from gravac.jobs import Outcome, tell_run_dir     # light: no torch in the job's process
+    args = dict(o.split("=", 1) for o in overrides)
+    if "die" in args:
+        run = Path(args["die"])
+        (run / "checkpoint" / "step-00000004").mkdir(parents=True)
+        (run / "checkpoint" / "latest").write_text("step-00000004\n")
+        (run / "command.txt").write_text("python bench/run.py a=1\n")
+        (run / "summary.json").write_text(json.dumps({"status": "running", "steps": 0}))
+        (run / "steps.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in range(5)))
+        tell_run_dir(str(run))
+        (run.parent / "pid.tmp").write_text(str(os.getpid()))
+        (run.parent / "pid.tmp").rename(run.parent / "pid")
+        os.kill(os.getpid(), signal.SIGKILL)
+    if "outlive" in args:
+        pid_file, t0 = Path(args["outlive"]), time.time()
+        while not pid_file.exists() and time.time() - t0 < 120:
+            time.sleep(0.05)
+        pid = int(pid_file.read_text())
+        while _alive(pid) and time.time() - t0 < 120:
+            time.sleep(0.05)
+    return Outcome("completed")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_job_killed_on_this_machine_fails_alone_and_says_so(tmp_path, capsys):
+    """Issue 33, case 6: joblib's pool killed every job when one worker was killed. Here the
+    killed job fails with its run folder telling the truth (killed, at step 5, resumable from its
+    checkpoint), a job running beside it completes after it died, and a job still waiting runs."""
+    from gravac.jobs import LocalJobs
+    from gravac.sweep import Report, finish
+    run = tmp_path / "run"
+    outcomes = LocalJobs(_job_for_test, 2).run([(0, [f"die={run}"]), (1, [f"outlive={tmp_path / 'pid'}"]),
+                                                (2, ["c=1"])])
+    assert [o.status for o in outcomes] == ["failed", "completed", "completed"], outcomes
+    why = "its process was killed (SIGKILL: out of memory, or kill -9) at step 5; the checkpoint at step 4 resumes it"
+    resume = f"python bench/run.py a=1 experiment.resume={run}"
+    assert (outcomes[0].message, outcomes[0].resume) == (why, resume)
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["status"], summary["steps"], summary["error"], summary["resume_command"]) == \
+        ("failed", 5, why, resume)
+    assert finish(Report(total=3, jobs=[(n, [f"n={n}"], o) for n, o in enumerate(outcomes)])) == 2
+    err = capsys.readouterr().err
+    assert f"job #0 failed but left a checkpoint. Resume with:\n  {resume}\n" in err
+    assert err.splitlines()[-1] == f"error: 1 job(s) of the sweep failed: #0 n=0 ({why})"
 
 
 def test_the_stop_file_stops_a_training_loop(tmp_path, monkeypatch):
@@ -258,7 +349,7 @@ def test_joblib_sweep_runs_two_at_a_time_skips_duplicates_and_reports_failures(t
 
 @pytest.mark.slow
 def test_joblib_sweep_of_ddp_jobs_spawns_their_workers(tmp_path):
-    """A joblib worker's start method is loky's, which the ddp workers it spawns cannot take."""
+    """A job's process (gravac/jobs.py) spawns the ddp workers of its run."""
     r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "cluster=ddp", "method=dense,gravac",
                  "compressor=topk", "train.steps=3", *TINY, f"experiment.results_root={tmp_path}"], timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -314,6 +405,41 @@ def test_joblib_sweep_stop_checkpoints_the_running_jobs_and_starts_no_more(tmp_p
         assert f"experiment.resume={run}" in err
 
 
+@pytest.mark.slow
+def test_joblib_sweep_a_killed_job_fails_alone_and_its_printed_resume_command_works(tmp_path):
+    """Issue 33, case 6: one job's process dies at step 12 (GRAVAC_FAULT=1:12:exit, as a kill -9
+    would: only jobs with 2 workers and more than 12 steps reach it). Before, joblib failed all 4
+    jobs (2 never started), killed the job beside it and left both summaries at `running`, 0 steps.
+    Now that job fails alone, saying where and with its resume command; the others complete."""
+    tiny = [a for a in TINY if not a.startswith("cluster.workers=")]
+    r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.steps=40,10", "cluster.workers=2,1",
+                 "train.checkpoint_every=5", *tiny, f"experiment.results_root={tmp_path}"],
+                env={"GRAVAC_FAULT": "1:12:exit"}, timeout=900)
+    assert r.returncode == 2, r.stderr[-3000:]
+    summaries = {run: json.loads((run / "summary.json").read_text()) for run in _runs(tmp_path)}
+    assert sorted((s["workers"], s["total_steps"], s["status"]) for s in summaries.values()) == \
+        [(1, 10, "completed"), (1, 40, "completed"), (2, 10, "completed"), (2, 40, "failed")]
+    (killed, summary), = [(run, s) for run, s in summaries.items() if s["status"] == "failed"]
+    why = "its process died (exit code 17) at step 12; the checkpoint at step 10 resumes it"
+    assert (summary["steps"], summary["error"]) == (12, why) and len(_records(killed)) == 12
+    (beside,) = [run for run, s in summaries.items() if (s["workers"], s["total_steps"]) == (1, 40)]
+    died = (killed / "summary.json").stat().st_mtime          # written once the job had died
+    assert (beside / "config.yaml").stat().st_mtime < died < (beside / "summary.json").stat().st_mtime
+    assert f"job #0 failed but left a checkpoint. Resume with:\n  {summary['resume_command']}\n" in r.stderr
+    assert r.stderr.splitlines()[-1].startswith("error: 1 job(s) of the sweep failed: #0 train.steps=40 cluster.workers=2")
+    assert r.stderr.splitlines()[-1].endswith(f"({why})") and "Traceback" not in r.stderr
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    resumed = subprocess.run(["bash", "-c", summary["resume_command"]], cwd=ROOT, capture_output=True, text=True,
+                             timeout=600, env={**os.environ, "PATH": path})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((killed / "summary.json").read_text())["status"] == "completed"
+    assert [rec["step"] for rec in _records(killed)] == list(range(40))
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+
+
 def _steps(run: Path) -> int:
     path = run / "steps.jsonl"
     return len(path.read_text().splitlines()) if path.exists() else 0
@@ -350,6 +476,42 @@ def test_a_stop_of_one_sweep_leaves_another_sweep_in_the_same_folder_running(tmp
     for name in sweeps:
         summary = json.loads((_runs(tmp_path / name)[0] / "summary.json").read_text())
         assert summary["status"] == "interrupted" and summary["resume_command"], summary
+
+
+@pytest.mark.slow
+def test_joblib_sweep_a_second_ctrl_c_kills_the_jobs_and_every_run_says_where_it_stopped(tmp_path):
+    """Issue 33: a double Ctrl-C printed joblib's traceback. The jobs here are calibrating (a
+    long clock calibration, before their first step, where the stop file is not read yet); the
+    first Ctrl-C writes the stop file, the second kills them; their folders say so."""
+    proc = _popen_sweep(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "method=dense,gravac,static",
+                         "compressor=topk", "clock.repeats=1000000", f"clock.cache_dir={tmp_path / 'cache'}", *TINY,
+                         f"experiment.results_root={tmp_path}"])
+    try:
+        t0 = time.time()
+        while len(list(tmp_path.glob("default/2*/command.txt"))) < 2:
+            assert proc.poll() is None and time.time() - t0 < 400, proc.communicate()
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        while not list(tmp_path.glob("default/.multirun/*/stop-*")):      # the first Ctrl-C is taken
+            assert proc.poll() is None and time.time() - t0 < 400, proc.communicate()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and err.count("sweep: aborting") == 1, err[-3000:]
+    runs = _runs(tmp_path)
+    assert len(runs) == 2                                     # the third never started
+    why = "aborted by a second signal to the sweep before the first step; nothing to resume"
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert (summary["status"], summary["error"], summary["steps"]) == ("interrupted", why, 0), summary
+    assert err.count(why) == 2
+    assert "sweep stopped: 2 job(s) interrupted, 1 not started; run each one not started with:\n" in err
+    assert "  python bench/run.py method=static compressor=topk " in err
 
 
 # ---------------------------------------------------------------------------------------------
