@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
+import threading
+import time
 from dataclasses import dataclass
 
 _PIPE = None          # in a job's process: where it tells the sweep about its run folder
@@ -41,21 +44,33 @@ def _tell(kind: str, value) -> None:
             pass
 
 
-def _child(conn, work: bytes, num: int, overrides: list[str]) -> None:
+def _child(conn, work: str, num: int, overrides: list[str]) -> None:
     """A job's process: leave the terminal's process group (the sweep alone takes its signals),
-    drop a signal that came while it started, run the job and send back its Outcome."""
+    drop a signal that came while it started, run the job (pickled in the file `work`) and send
+    back its Outcome."""
     import pickle
     global _PIPE
     os.setpgid(0, 0)
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    threading.Thread(target=stop_if_orphaned, args=(os.getppid(),), daemon=True).start()
     _PIPE = conn
     try:
-        out = pickle.loads(work)(num, overrides)
+        with open(work, "rb") as f:
+            out = pickle.load(f)(num, overrides)
     except BaseException as e:  # noqa: BLE001 - the sweep reports it; this process ends here
         out = Outcome("failed", f"crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     _tell("outcome", out)
+
+
+def stop_if_orphaned(sweep: int, every_s: float = 1.0) -> None:
+    """Once the sweep's process `sweep` is gone (killed: out of the terminal's process group, no
+    signal reaches this job), ask the sweep's jobs to stop at their next step, as a Ctrl-C would."""
+    while os.getppid() == sweep:
+        time.sleep(every_s)
+    from gravac.checkpoint import request_stop
+    request_stop()
 
 
 @dataclass
@@ -81,7 +96,8 @@ class _Running:
 
 class LocalJobs:
     """Runs jobs `work(num, overrides) -> Outcome`, `n` at a time. `work` goes to the jobs by
-    cloudpickle, as joblib sends it (Hydra's context holds local functions)."""
+    cloudpickle, as joblib sends it (Hydra's context holds local functions), in a file: through
+    the start-up pipe, the sweep would wait for each job to import torch before starting the next."""
 
     def __init__(self, work, n: int, aborting=lambda: False):
         import cloudpickle
@@ -95,25 +111,29 @@ class LocalJobs:
         from gravac.checkpoint import stop_requested
         ctx = multiprocessing.get_context("spawn")
         waiting, running, done = list(jobs), [], {}
-        while waiting or running:
-            while waiting and len(running) < self.n and not (stop_requested() or self.aborting()):
-                running.append(self._start(ctx, *waiting.pop(0)))
-            if not running:
-                break
-            wait([j.proc.sentinel for j in running] + [j.conn for j in running], timeout=0.5)
-            for job in list(running):
-                job.read()
-                if job.proc.exitcode is not None or self.aborting():
-                    done[job.num] = self._end(job)
-                    running.remove(job)
+        with tempfile.TemporaryDirectory(prefix="gravac-jobs-") as tmp:
+            work = os.path.join(tmp, "work.pickle")
+            with open(work, "wb") as f:
+                f.write(self.work)
+            while waiting or running:
+                while waiting and len(running) < self.n and not (stop_requested() or self.aborting()):
+                    running.append(self._start(ctx, work, *waiting.pop(0)))
+                if not running:
+                    break
+                wait([j.proc.sentinel for j in running] + [j.conn for j in running], timeout=0.5)
+                for job in list(running):
+                    job.read()
+                    if job.proc.exitcode is not None or self.aborting():
+                        done[job.num] = self._end(job)
+                        running.remove(job)
         done.update((num, Outcome("not started")) for num, _ in waiting)
         return [done[num] for num, _ in jobs]
 
-    def _start(self, ctx, num: int, overrides: list[str]) -> _Running:
+    def _start(self, ctx, work: str, num: int, overrides: list[str]) -> _Running:
         """Start a job; a Ctrl-C while it starts (before it leaves the terminal's process group)
         waits, blocked, and is dropped there."""
         recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(send, self.work, num, overrides), name=f"sweep-job-{num}")
+        proc = ctx.Process(target=_child, args=(send, work, num, overrides), name=f"sweep-job-{num}")
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             proc.start()
@@ -127,8 +147,8 @@ class LocalJobs:
         """The job's Outcome once its process is gone: what it sent, else what its run folder says
         after the sweep killed it (aborting) or something else did (the OOM killer, kill -9)."""
         job.read()
-        killed = job.proc.exitcode is None
-        if killed or job.outcome is None:
+        aborted = job.proc.exitcode is None      # still running: the sweep is aborting
+        if aborted or job.outcome is None:
             try:   # its whole process group: a ddp job's workers too
                 os.killpg(job.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):   # it had not left the terminal's group
@@ -138,12 +158,12 @@ class LocalJobs:
         job.conn.close()
         if job.outcome is not None:
             return job.outcome
-        if killed:
+        if aborted:
             status, what = "interrupted", "aborted by a second signal to the sweep"
         else:
             status, what = "failed", died(job.proc.exitcode)
         if job.run_dir is None:   # it died before making its run folder
-            return Outcome("not started") if killed else Outcome("failed", f"{what} before its run started")
+            return Outcome("not started") if aborted else Outcome("failed", f"{what} before its run started")
         from gravac.errors import Interrupted
         from gravac.launch import settle
         status, message, resume = settle(job.run_dir, status, what)

@@ -470,7 +470,7 @@ def test_ctrl_c_before_the_first_step_is_an_interruption_not_a_failure(tmp_path,
                    f"experiment.results_root={root}"], session=True)
     t0 = time.time()
     while not list(root.glob("*/*/command.txt")):       # the run has begun; calibration takes minutes
-        assert proc.poll() is None and time.time() - t0 < 240, proc.communicate()
+        assert proc.poll() is None and time.time() - t0 < 240, proc.communicate(timeout=60)
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=300)

@@ -265,6 +265,15 @@ def test_a_job_killed_on_this_machine_fails_alone_and_says_so(tmp_path, capsys):
     assert err.splitlines()[-1] == f"error: 1 job(s) of the sweep failed: #0 n=0 ({why})"
 
 
+def test_a_job_whose_sweep_died_stops_at_its_next_step(tmp_path, monkeypatch):
+    """Jobs live in process groups of their own, so nothing reaches them when the sweep's process
+    is killed: a job then writes the stop file itself (and checkpoints at its next step)."""
+    from gravac.jobs import stop_if_orphaned
+    monkeypatch.setenv("GRAVAC_SWEEP_STOP", str(tmp_path / "stop-x"))
+    stop_if_orphaned(os.getppid() + 1, every_s=0.01)      # a parent that is not this process's
+    assert (tmp_path / "stop-x").exists()
+
+
 def test_the_stop_file_stops_a_training_loop(tmp_path, monkeypatch):
     from gravac.checkpoint import StopFlag
     monkeypatch.setenv("GRAVAC_SWEEP_STOP", str(tmp_path / "stop"))
@@ -327,11 +336,12 @@ def _runs(root: Path) -> list[Path]:
 
 @pytest.mark.slow
 def test_joblib_sweep_runs_two_at_a_time_skips_duplicates_and_reports_failures(tmp_path):
-    r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "method=dense,gravac", "compressor=topk,dgc",
-                 "train.lr=0.1,-1", "train.steps=3", *TINY, f"experiment.results_root={tmp_path}"], timeout=900)
+    # the good cells first: each job is a fresh process, and these start, and run, side by side
+    r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.lr=0.1,-1", "method=dense,gravac",
+                 "compressor=topk,dgc", "train.steps=3", *TINY, f"experiment.results_root={tmp_path}"], timeout=900)
     assert r.returncode == 2, r.stderr[-3000:]
     assert "4 job(s) of the sweep failed" in r.stderr and "Traceback" not in r.stderr
-    assert "skipped job #2 (compressor=dgc): identical to job #0 (compressor=topk); dense ignores compressor" in r.stdout
+    assert "skipped job #1 (compressor=dgc): identical to job #0 (compressor=topk); dense ignores compressor" in r.stdout
     assert "sweep: 2 jobs at a time" in r.stdout
     runs = _runs(tmp_path)
     assert sorted(p.name.split("-", 2)[2].rsplit("-n2", 1)[0] for p in runs) == \
@@ -455,7 +465,7 @@ def test_a_stop_of_one_sweep_leaves_another_sweep_in_the_same_folder_running(tmp
         t0 = time.time()
         while not all(_runs(tmp_path / n) and _steps(_runs(tmp_path / n)[0]) >= 2 for n in sweeps):
             assert all(p.poll() is None for p in sweeps.values()) and time.time() - t0 < 400, \
-                [p.communicate() for p in sweeps.values() if p.poll() is not None]
+                [p.communicate(timeout=60) for p in sweeps.values() if p.poll() is not None]
             time.sleep(0.2)
         sweeps["a"].send_signal(signal.SIGTERM)
         _, err = sweeps["a"].communicate(timeout=300)
@@ -463,7 +473,7 @@ def test_a_stop_of_one_sweep_leaves_another_sweep_in_the_same_folder_running(tmp
         (b,) = _runs(tmp_path / "b")
         seen = _steps(b)
         while _steps(b) < seen + 5:                        # b goes on
-            assert sweeps["b"].poll() is None and time.time() - t0 < 600, sweeps["b"].communicate()
+            assert sweeps["b"].poll() is None and time.time() - t0 < 600, sweeps["b"].communicate(timeout=60)
             time.sleep(0.2)
         sweeps["b"].send_signal(signal.SIGTERM)
         _, err = sweeps["b"].communicate(timeout=300)
@@ -489,11 +499,11 @@ def test_joblib_sweep_a_second_ctrl_c_kills_the_jobs_and_every_run_says_where_it
     try:
         t0 = time.time()
         while len(list(tmp_path.glob("default/2*/command.txt"))) < 2:
-            assert proc.poll() is None and time.time() - t0 < 400, proc.communicate()
+            assert proc.poll() is None and time.time() - t0 < 400, proc.communicate(timeout=60)
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGINT)
         while not list(tmp_path.glob("default/.multirun/*/stop-*")):      # the first Ctrl-C is taken
-            assert proc.poll() is None and time.time() - t0 < 400, proc.communicate()
+            assert proc.poll() is None and time.time() - t0 < 400, proc.communicate(timeout=60)
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=300)
