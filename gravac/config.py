@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import secrets
 import typing
 from typing import Any, Mapping
 
@@ -238,14 +239,26 @@ def option_nodes() -> dict[str, dict[str, dict]]:
     return out
 
 
+def unique_id() -> str:
+    """This process's id and a random part: a sweep folder's suffix (conf/config.yaml's
+    ${gravac.sweep_id:}) and its stop file's, which no other sweep started in the same second shares."""
+    return f"{os.getpid()}{secrets.token_hex(2)}"
+
+
+def register_resolvers() -> None:
+    """${gravac.sweep_id:} in conf/config.yaml. Cached in the config, and Hydra copies the cache
+    into every job's config, so each job of the sweep resolves the same folder."""
+    from omegaconf import OmegaConf
+    OmegaConf.register_new_resolver("gravac.sweep_id", unique_id, use_cache=True, replace=True)
+
+
 def register_base() -> None:
     """Store base_node() as `gravac_base` and each plug-in's options as `options/<kind>/<name>` in
     Hydra's ConfigStore; conf/config.yaml picks the chosen plug-in's node by interpolation (and
-    names a sweep's folder with ${gravac.sweep_id:}, gravac/sweep.py)."""
+    names a sweep's folder with ${gravac.sweep_id:})."""
     from hydra.core.config_store import ConfigStore
 
-    from gravac.sweep import register_resolver
-    register_resolver()
+    register_resolvers()
     cs = ConfigStore.instance()
     cs.store(name="gravac_base", node=base_node())
     for kind, nodes in option_nodes().items():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import glob
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -22,27 +21,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from gravac.checkpoint import STOP_ENV, request_stop, stop_requested
-from gravac.config import ConfigError, build_config, same_run_line, sweep_key
+from gravac.config import ConfigError, build_config, register_resolvers, same_run_line, sweep_key, unique_id
 from gravac.errors import Interrupted, UserError
 from gravac.jobs import Outcome, tell_run_dir
 
 NOTHING_TO_RESUME = "interrupted before the first step; nothing to resume"
 
-
-def unique_id() -> str:
-    """This process's id and a random part: a sweep folder's suffix (conf/config.yaml's
-    ${gravac.sweep_id:}), which no other sweep started in the same second shares."""
-    return f"{os.getpid()}{secrets.token_hex(2)}"
-
-
-def register_resolver() -> None:
-    """${gravac.sweep_id:} in conf/config.yaml. Cached in the config, and Hydra copies the cache
-    into every job's config, so each job of the sweep resolves the same folder."""
-    from omegaconf import OmegaConf
-    OmegaConf.register_new_resolver("gravac.sweep_id", unique_id, use_cache=True, replace=True)
-
-
-register_resolver()
+register_resolvers()   # a job's own process (joblib, SLURM) resolves its sweep folder too
 
 
 def cores() -> int:
