@@ -88,6 +88,7 @@ class TrainCfg:
     milestones: list = option(check=lambda v: all(isinstance(m, int) and m >= 1 for m in v),
                               valid="a list of step numbers >= 1", factory=list)   # lr *= gamma at each
     gamma: float = option(0.1, check=lambda v: 0 < v <= 1, valid="in (0, 1]")
+    warmup_steps: int = option(0, check=lambda v: v >= 0, valid=">= 0")   # linear lr warm-up; 0 -> none
     steps: int = option(300, check=lambda v: v >= 1, valid=">= 1")              # total steps; epochs > 0 overrides
     epochs: float = option(0.0, check=lambda v: v >= 0, valid=">= 0")
     eval_every: int = option(100, check=lambda v: v >= 1, valid=">= 1")         # steps between evaluations (+ at the end)

@@ -195,3 +195,13 @@ def test_sweep_key_sets_aside_only_what_the_method_ignores():
     assert key("gravac", name="dgc", cf=10) == key("gravac", name="dgc", cf=100)
     assert key("gravac", name="dgc", cf=10) != key("gravac", name="topk", cf=10)       # but not its compressor
     assert key("dense", name="topk", cf=10) == key("dense", name="dgc", cf=100)
+
+
+def test_lr_schedule_warm_up_then_milestones():
+    """Linear warm-up reaches lr at step warmup_steps - 1, then the milestones decay it; a decay is
+    flagged only when lr falls (a rising warm-up is not Accordion's 'after a decay')."""
+    from gravac.schema import TrainCfg
+    from gravac.train import lr_at
+    t = TrainCfg(lr=0.4, warmup_steps=4, milestones=[6], gamma=0.5)
+    assert [lr_at(t, s) for s in range(8)] == [0.1, 0.2, 0.30000000000000004, 0.4, 0.4, 0.4, 0.2, 0.2]
+    assert [lr_at(TrainCfg(lr=0.4), s) for s in (0, 5)] == [0.4, 0.4]
