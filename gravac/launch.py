@@ -55,7 +55,7 @@ def _device(cfg: RunConfig, local_rank: int) -> torch.device:
 
 # keys a resumed run may change: bookkeeping, not what is being measured
 RESUMABLE = ("experiment.resume", "experiment.run_id", "experiment.results_root", "logger.", "train.steps",
-             "train.epochs", "cluster.timeout_s", "cluster.threads", "setting.")
+             "train.epochs", "cluster.timeout_s", "cluster.threads", "clock.extend_machine", "setting.")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

@@ -73,8 +73,17 @@ class ClockCfg:
     repeats: int = option(5, check=lambda v: v >= 1, valid=">= 1")       # calibration repetitions (median)
     cache_dir: str = ""                 # "" -> $GRAVAC_CACHE_DIR/profiles, else ~/.cache/gravac-bench/profiles
     machine: str = ""                   # "" -> this host (torch, device, threads, CPU); a name pins the cached
-                                        # profile and costs to a stated device, whatever host reads them
+                                        # profile and costs to a stated device, whatever host reads them; it is
+                                        # read-only: a profile or op cost it lacks is refused, not measured
+    extend_machine: bool = False        # true: measure on this host what clock.machine lacks (or a new name's
+                                        # everything) and add it to that device's files, printing each addition
     record_ready: bool = True           # write ready.jsonl: every worker's gradient-ready offsets per step
+
+    def errors(self, prefix: str) -> list[str]:
+        if self.extend_machine and not self.machine:
+            return [f"{prefix}.extend_machine=true adds to a named device: set {prefix}.machine=NAME too "
+                    "(this host's own cache adds what it lacks without it)"]
+        return []
 
 
 @dataclass
