@@ -40,9 +40,16 @@ def field_errors(obj: Any, prefix: str) -> list[str]:
         choices, check = f.metadata.get("choices"), f.metadata.get("check")
         if choices is not None and value not in choices:
             out.append(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
-        elif check is not None and not check(value):
+        elif check is not None and not _holds(check, value):
             out.append(f"{key}={value!r} is out of range: must be {f.metadata.get('valid') or 'valid'}")
     return out
+
+
+def _holds(check: Callable[[Any], bool], value: Any) -> bool:
+    try:
+        return bool(check(value))
+    except (TypeError, ValueError):      # a value of the wrong type ("abc" >= 1) is not valid either
+        return False
 
 
 def own_fields(cls: type, base: type) -> list[str]:
