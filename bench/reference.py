@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
 from plots import paper  # noqa: E402
 from plots.labels import fmt_metric, fmt_num  # noqa: E402
 from plots.load import Run, find_runs, load_run  # noqa: E402
+from plots.output import OutputError, make_folder  # noqa: E402
 from plots.settings import Context, build_contexts, relevant_settings  # noqa: E402
 from plots.tables import ratio, ratio_cell, to_target  # noqa: E402
 
@@ -245,7 +246,13 @@ def main(argv=None) -> int:
     out = os.path.normpath(args.out)
     tmp = out + ".new"
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    try:
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise OutputError(f"output folder {out} is a file, not a folder")
+        make_folder(tmp)
+    except OutputError as e:            # the same line as plots/paper.py's
+        print(f"error: {e}: give --out a folder you can write to (it is made if missing)", file=sys.stderr)
+        return 2
     sources, tables = [], []
     for exp in experiments:
         if chosen[exp]:

@@ -29,6 +29,19 @@ class OutputError(Exception):
     """The output folder cannot be used; the message says why in one line."""
 
 
+def make_folder(path: str) -> None:
+    """Make output folder `path` (and its parents) and prove it takes files; OutputError (one
+    line) when it is a file or cannot take files (read-only, no permission, a file on the way)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OutputError(f"output folder {path} is a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise OutputError(f"cannot write into output folder {path} ({e.strerror})") from None
+
+
 @dataclass
 class Outputs:
     """The output folder and its inventory."""
@@ -38,15 +51,7 @@ class Outputs:
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (output, reason)
 
     def __post_init__(self):
-        """Make the folder and prove it takes files; OutputError (one line) when it cannot."""
-        if os.path.exists(self.folder) and not os.path.isdir(self.folder):
-            raise OutputError(f"output folder {self.folder} is a file, not a folder")
-        try:
-            os.makedirs(self.folder, exist_ok=True)
-            with tempfile.TemporaryFile(dir=self.folder):
-                pass
-        except OSError as e:
-            raise OutputError(f"cannot write into output folder {self.folder} ({e.strerror})") from None
+        make_folder(self.folder)
 
     def figure(self, fig, stem: str, description: str) -> None:
         """Save `fig` as STEM.png and STEM.pdf (the chosen formats) and close it."""
