@@ -13,7 +13,8 @@ the same one: no indices); a bucket with nothing kept returns zeros without comm
 `drop_rate` must be an integer (profile your communication/computation ratio and take its
 ceiling): "auto" needs the run's clock of bench/run.py. `state.last` adds `drop_rate`,
 `ef_factor`, `kept_shards` and `filtered` (false while the layout was being learnt) to the
-fields of gravac.hooks; `cf` counts a step that sent nothing as one float.
+fields of gravac.hooks; `cf` counts a step that sent nothing as one float. As every hook state,
+its options are checked like config and compared across ranks at the first bucket (gravac.hooks).
 """
 from __future__ import annotations
 
