@@ -12,7 +12,8 @@ OUT/<experiment>/runs.csv gets one row per run, OUT/<experiment>/curves.csv ever
 to every --every steps plus its evaluations, and OUT/summary.md one table per experiment (settings
 averaged over seeds; the numbers REPRODUCING.md quotes). Then plots/paper.py draws the figures and tables from
 the curated copies (not the raw runs) into OUT/plots/, so what is committed redraws itself.
-Incomplete runs and older duplicates of a setting and seed are listed and left out. OUT is
+Incomplete and damaged runs (as plots/paper.py reads them) and older duplicates of a setting and
+seed are listed and left out. OUT is
 replaced in one rename at the end: an interrupted call leaves the previous reference intact. Folders
 of OUT that belong to other studies (gain_probe/, gain_arms/, exdyna/, ...) are carried over as they are.
 """
@@ -36,6 +37,7 @@ if str(ROOT) not in sys.path:
 from plots import paper  # noqa: E402
 from plots.labels import fmt_metric, fmt_num  # noqa: E402
 from plots.load import Run, find_runs, load_run  # noqa: E402
+from plots.output import OutputError, make_folder  # noqa: E402
 from plots.settings import Context, build_contexts, relevant_settings  # noqa: E402
 from plots.tables import ratio, ratio_cell, to_target  # noqa: E402
 
@@ -65,9 +67,12 @@ def select(raw: list[str], experiments: list[str]) -> tuple[dict[str, list[Run]]
     left = [f"{m}: does not exist" for m in missing]
     picked: dict[str, dict[tuple, Run]] = {e: {} for e in experiments}
     for d in sorted(dirs, key=lambda p: os.path.basename(os.path.normpath(p))):  # run ids start with the time
-        run = load_run(d)
+        run = load_run(d)                   # as plots/paper.py loads it: never raises, says what is damaged
         exp = run.cfg("experiment.name")
-        if exp not in picked:
+        if not isinstance(exp, str) or exp not in picked:
+            continue
+        if run.damage:
+            left.append(f"{d}: damaged ({run.damage})")
             continue
         if run.status != "completed" or run.problems:
             left.append(f"{d}: incomplete ({'; '.join(run.problems) or run.status})")
@@ -241,7 +246,13 @@ def main(argv=None) -> int:
     out = os.path.normpath(args.out)
     tmp = out + ".new"
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    try:
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise OutputError(f"output folder {out} is a file, not a folder")
+        make_folder(tmp)
+    except OutputError as e:            # the same line as plots/paper.py's
+        print(f"error: {e}: give --out a folder you can write to (it is made if missing)", file=sys.stderr)
+        return 2
     sources, tables = [], []
     for exp in experiments:
         if chosen[exp]:

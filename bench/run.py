@@ -11,6 +11,7 @@ sys.path.insert(0, ROOT)  # run from a plain checkout too, not only after `pip i
 
 import hydra  # noqa: E402
 
+from compressors.registry import PluginError  # noqa: E402
 from gravac import sweep  # noqa: E402
 from gravac.config import (  # noqa: E402
     ConfigError,
@@ -19,6 +20,7 @@ from gravac.config import (  # noqa: E402
     help_text,
     register_base,
 )
+from gravac.registry import registries  # noqa: E402
 
 CONF_DIR = os.path.join(ROOT, "conf")
 # jobs started elsewhere (joblib workers, SLURM jobs) find gravac and the sweeper plug-in too
@@ -29,15 +31,16 @@ main = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config"
 
 
 if __name__ == "__main__":
-    if any(a in ("--help", "-h") for a in sys.argv[1:]):
-        print(help_text(CONF_DIR))
-        sys.exit(0)
     try:
+        registries()   # the built-in and the user's plug-ins, loaded before anything reads them
+        if any(a in ("--help", "-h") for a in sys.argv[1:]):
+            print(help_text(CONF_DIR))
+            sys.exit(0)
         check_overrides(sys.argv[1:], CONF_DIR)
         register_base()
         if not any(a in ("--hydra-help", "--info") or a.startswith("--cfg") for a in sys.argv[1:]):
             check_composition(sys.argv[1:], CONF_DIR)
-    except ConfigError as e:
+    except (ConfigError, PluginError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     main()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import types
 import typing
 from typing import Any, Mapping
 
@@ -105,7 +106,7 @@ def _build(cls: type, data: Mapping, path: str) -> Any:
 def _coerce(hint: Any, value: Any, key: str) -> Any:
     """Check `value` against a field's type hint, allowing int where float is expected."""
     origin = typing.get_origin(hint)
-    if origin is typing.Union:  # Optional[...]
+    if origin in (typing.Union, types.UnionType):  # Optional[...], X | None
         if value is None:
             return None
         hint = [a for a in typing.get_args(hint) if a is not type(None)][0]
@@ -179,14 +180,26 @@ def method_class(name: str):
     return registries()["method"][name].target
 
 
+def checked(cls: type, values: Mapping, path: str) -> Any:
+    """Dataclass `cls` from `values` with every check a config section gets: keys, types,
+    declared ranges and choices, the class's own cross-field rules; ConfigError names the first
+    problem as `path.key=value ...`. The DDP hooks (gravac/hooks.py) check their keywords here."""
+    obj = _build(cls, values, path)
+    _check_section(obj, path)
+    return obj
+
+
+def _check_section(section: Any, name: str) -> None:
+    problems = field_errors(section, name)
+    problems += section.errors(name) if hasattr(section, "errors") else []
+    if problems:
+        raise ConfigError(problems[0])
+
+
 def _check(run: RunConfig) -> None:
     """Field declarations, each plug-in's own cross-field rules, then rules across sections."""
     for name in SECTIONS:
-        section = getattr(run, name)
-        problems = field_errors(section, name)
-        problems += section.errors(name) if hasattr(section, "errors") else []
-        if problems:
-            raise ConfigError(problems[0])
+        _check_section(getattr(run, name), name)
     m, c = run.method, run.compressor
     if method_class(m.name).needs_compressor and c.name == NO_COMPRESSOR:
         usable = registries()["compressor"].names()

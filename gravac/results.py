@@ -7,6 +7,7 @@ possibly a torn last one (readers skip it); the config and summary are replaced 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -53,6 +54,9 @@ def make_run_dir(root: str, experiment: str, run_id: str, tag: str) -> str:
     try:
         os.makedirs(base, exist_ok=True)
     except OSError as e:   # a file on the way (/dev/null), no permission, a full or read-only disk
+        if e.errno == errno.ENAMETOOLONG:   # a filesystem with shorter names than the config check knows
+            raise UserError(f"cannot create results folder {base}: a name in it is too long for this "
+                            "filesystem; shorten experiment.name (or experiment.results_root)") from None
         raise UserError(f"cannot create results folder {base}: {e.strerror}; set experiment.results_root "
                         "to a writable folder") from None
     for _ in range(100):

@@ -119,6 +119,8 @@ class LoggerCfg:
     entity: str = ""
 
 
+#: Longest folder name, in bytes, of the usual Linux filesystems (ext4, xfs, btrfs, tmpfs).
+NAME_MAX = 255
 _COMPONENT = "one folder name: no '/' or '\\', not '.' or '..' (results stay under experiment.results_root)"
 
 
@@ -135,6 +137,15 @@ class ExperimentCfg:
     run_id: str = option("", check=lambda v: v == "" or _one_component(v), valid=_COMPONENT)  # "" -> generated
     resume: str = ""                    # a run folder to continue from its latest checkpoint
     tags: list = field(default_factory=list)
+
+    def errors(self, prefix: str) -> list[str]:
+        """name and run_id become folder names: the filesystem takes at most NAME_MAX bytes each."""
+        for key in ("name", "run_id"):
+            n = len(getattr(self, key).encode())
+            if n > NAME_MAX:
+                return [f"{prefix}.{key} is {n} bytes long, too long for a folder name (at most {NAME_MAX} "
+                        f"bytes, UTF-8): choose a shorter {prefix}.{key}"]
+        return []
 
 
 @dataclass

@@ -5,9 +5,10 @@
 
 RESULTS_DIR may be a run folder, an experiment or multirun folder (searched recursively for
 folders holding steps.jsonl or summary.json), or the benchmark CSV. Writes PNG+PDF figures,
-Markdown+CSV tables and an index README.md into --out, prints the incomplete runs and what could
-not be made (and why), and exits 0 when anything was made; non-zero with one line when no run
-was found.
+Markdown+CSV tables and an index README.md into --out, prints the incomplete runs, the runs left
+out (no steps, or damaged: a value of the wrong kind where a number belongs) and what could not
+be made (and why), and exits 0 when anything was made; non-zero with one line when no run was
+found or --out cannot take files.
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ if __package__ in (None, ""):  # run as `python plots/paper.py`: make the repo i
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from plots import bench, figures, scaling, tables  # noqa: E402
-from plots.load import find_runs, load_runs, skipped_line  # noqa: E402
+from plots.load import find_runs, load_runs, skipped_lines  # noqa: E402
 from plots.settings import Context, build_contexts  # noqa: E402
-from plots.output import Outputs  # noqa: E402
+from plots.output import OutputError, Outputs  # noqa: E402
 
 CONVENTIONS = """
 - Floats sent and wire bytes are per worker; cumulative values are sums over steps.jsonl.
@@ -203,19 +204,24 @@ def main(argv=None) -> int:
         print(f"error: no runs found in {', '.join(args.results)} (a run folder holds steps.jsonl or "
               f"summary.json){gone}", file=sys.stderr)
         return 2
-    for m in missing:
-        print(f"not found: {m}")
-    runs, no_steps = load_runs(run_dirs)
-    if no_steps:
-        print(skipped_line([_rel(p) for p in no_steps]))
-    contexts = build_contexts(runs, args.target)
-    figures.setup_style()
     formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
     bad = [f for f in formats if f not in ("png", "pdf", "svg")]
     if bad or not formats:
         print(f"error: --formats takes png, pdf or svg, got {args.formats!r}", file=sys.stderr)
         return 2
-    out = Outputs(args.out, formats)
+    try:
+        out = Outputs(args.out, formats)
+    except OutputError as e:
+        print(f"error: {e}: give --out a folder you can write to (it is made if missing)", file=sys.stderr)
+        return 2
+    for m in missing:
+        print(f"not found: {m}")
+    runs, left_out = load_runs(run_dirs)
+    left_out = [(_rel(p), why) for p, why in left_out]
+    for line in skipped_lines(left_out):
+        print(line)
+    contexts = build_contexts(runs, args.target)
+    figures.setup_style()
     n_settings = sum(len(c.groups) for c in contexts)
     print(f"{len(runs)} run(s), {n_settings} setting(s), {len(contexts)} context(s) from {', '.join(args.results)}")
     if bench_csv and not args.bench and not csvs:
@@ -247,7 +253,7 @@ def main(argv=None) -> int:
               f"{n_settings} setting(s). Contexts: " + "; ".join(
                   f"{c.title} ({c.metric}, target {c.target if c.target is not None else 'none'})" for c in contexts))
     out.write_index(header, incomplete + [(p, [f"cross-check: {x}" for x in n]) for p, n in notes
-                                          if p not in dict(incomplete)], CONVENTIONS)
+                                          if p not in dict(incomplete)], CONVENTIONS, left_out)
     print(f"made {len(out.made)} output(s) in {args.out} (index: {os.path.join(args.out, 'README.md')}):")
     for files, _ in out.made:
         print(f"  {files}")

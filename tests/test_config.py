@@ -95,6 +95,9 @@ BAD = [
     (["cluster.dist_backend=nccl"], "needs cluster.device=cuda"),
     (["dataset.eval_split=valid"], "exists only for ptb"),
     (["model=lstm_mini", "train.target_metric=top1"], "evaluated by perplexity"),
+    # the name is the problem, not the results folder (issue 33): at most 255 bytes, counted in UTF-8
+    ([f"experiment.name={'a' * 300}"], "experiment.name is 300 bytes long, too long for a folder name (at most 255"),
+    ([f"experiment.run_id='{'é' * 200}'"], "experiment.run_id is 400 bytes long, too long for a folder name"),
     # results never land outside experiment.results_root (issue 21 case 3)
     (["experiment.name=../../escape"], "experiment.name='../../escape' is out of range: must be one folder name"),
     (["experiment.run_id=../../x"], "experiment.run_id='../../x' is out of range"),
@@ -224,3 +227,14 @@ def test_a_sweep_with_a_bad_job_ends_with_the_failed_jobs_line(tmp_path):
     r = run_cli(["-m", *TINY, f"experiment.results_root={tmp_path}", "train.batch_size=100000,8"], timeout=300)
     assert r.returncode != 0
     assert "1 job(s) of the sweep failed" in r.stderr and "Traceback" not in r.stderr + r.stdout
+
+
+def test_a_name_too_long_for_the_filesystem_says_so(tmp_path):
+    """Past the config check (a filesystem with names shorter than 255 bytes, or a long
+    results_root component), the folder's name is named as the problem, not its permissions."""
+    from gravac.errors import UserError
+    from gravac.results import make_run_dir
+    with pytest.raises(UserError) as e:
+        make_run_dir(str(tmp_path / ("r" * 300)), "default", "", "tag")
+    assert "too long for this filesystem; shorten experiment.name (or experiment.results_root)" in str(e.value)
+    assert "writable" not in str(e.value)

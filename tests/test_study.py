@@ -233,3 +233,34 @@ def test_reference_recurates_a_curated_reference(tmp_path):
     rows = _rows(first / "fixture" / "runs.csv")
     assert rows == _rows(second / "fixture" / "runs.csv")        # `run` still names the raw folder
     assert "z-dense-newer" in {r["run"] for r in rows} <= set(os.listdir(runs / "fixture"))
+
+
+def test_reference_leaves_damaged_runs_out_as_plots_paper_does(tmp_path, capsys):
+    """bench/reference.py reads runs through plots.load as plots/paper.py does: a damaged run is
+    left out with its reason, the others are curated and drawn."""
+    from test_plots import DAMAGE, damage
+    runs = make_fixture(tmp_path)
+    for kind in ("null", "four"):
+        damage(runs / "fixture" / {"null": "topk100", "four": "accordion"}[kind], kind)
+    out = tmp_path / "reference"
+    assert reference.main([str(runs), "--out", str(out), "--experiments", "fixture", "--bench", ""]) == 0
+    said = capsys.readouterr().out
+    assert f"left out: {runs / 'fixture' / 'topk100'}: damaged ({DAMAGE['null']})" in said
+    assert f"left out: {runs / 'fixture' / 'accordion'}: damaged ({DAMAGE['four']})" in said
+    assert sorted(os.listdir(out / "fixture" / "runs")) == ["dense-s0", "gravac-eps0.7-dgc-s0", "top-k-10x-s0",
+                                                            "top-k-10x-s1"]
+    assert (out / "plots" / "floats_cumulative.png").exists()
+
+
+def test_reference_out_that_cannot_take_files_is_one_line(tmp_path, capsys):
+    """As plots/paper.py: an --out that is a file (kept as it is) or lies in a folder that takes
+    no files is one line, before anything is curated."""
+    from test_plots import _unwritable
+    runs = make_fixture(tmp_path)
+    (tmp_path / "a-file").write_text("mine")
+    for out, why in ((tmp_path / "a-file", "is a file, not a folder"),
+                     (_unwritable(tmp_path) / "reference", "cannot write into")):
+        assert reference.main([str(runs), "--out", str(out), "--experiments", "fixture", "--bench", ""]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and why in err and "give --out a folder you can write to" in err, err
+    assert (tmp_path / "a-file").read_text() == "mine"
