@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from plots import stats
 from plots.stats import Censored, compare, compare_to_target, estimate, prob_improvement
+from test_plots import write_run
 
 
 # ------------------------------------------------------------------------------------------------
@@ -160,3 +162,88 @@ def test_mixed_censoring_stands_only_where_longer_misses_cannot_overturn_it():
 def test_one_seed_with_censoring_is_not_tested():
     assert compare_to_target(cens((5, False)), ALL).verdict == "one seed: not tested"
     assert compare_to_target(ALL, cens((5, True))).verdict == "one seed: not tested"
+
+
+# ------------------------------------------------------------------------------------------------
+# tables: figures of merit and verdict columns on hand-made replicas
+
+def verdict_runs(root: Path) -> Path:
+    """Dense x3 (modelled 1 s/step, reaches 0.6 at step 6 = 6 s), Top-k 10x x3 (0.5 s/step; reaches
+    at step 8 = 4 s, at step 6 = 3 s, never: whole run 5 s), Top-k 100x x3 (never)."""
+    exp = root / "runs" / "fixture"
+    for s, last in enumerate((0.85, 0.86, 0.87)):
+        write_run(exp, f"dense-s{s}", "dense", "none", 100.0, [1000.0] * 10, [.2, .4, .6, .8, last], 1.0, 0.5, seed=s)
+    for s, m in enumerate(([.1, .3, .5, .6, .7], [.1, .3, .6, .65, .7], [.1, .3, .5, .5, .55])):
+        write_run(exp, f"topk10-s{s}", "static", "topk", 10.0, [100.0] * 10, m, 0.5, 0.4, seed=s)
+    for s in range(3):
+        write_run(exp, f"topk100-s{s}", "static", "topk", 100.0, [10.0] * 10, [.1, .2, .3, .4, .5 + s / 100], 0.3,
+                  0.25, seed=s)
+    return root / "runs"
+
+
+@pytest.fixture
+def verdict_ctx(tmp_path):
+    from plots.load import find_runs, load_run
+    from plots.settings import build_contexts
+    (ctx,) = build_contexts([load_run(d) for d in find_runs([str(verdict_runs(tmp_path))])[0]])
+    return ctx
+
+
+def test_static_table_gives_each_setting_its_cis_and_verdicts(verdict_ctx):
+    """Last-3 means: Dense 0.75, 0.7533, 0.7567; Top-k 10x 0.6, 0.65, 0.5167 (all below Dense's:
+    fact (2), worse, P 0). Modelled s to target: Dense 6, 6, 6; Top-k 10x 4, 3 and a miss with whole
+    run 5: looks faster (every resampled ratio 6 / [3..5] > 1) but has a miss, so 'censored'."""
+    from plots.tables import static_table
+    text, rows, _ = static_table([verdict_ctx], "Top-k 10x")
+    r = {x["setting"]: x for x in rows}
+    top = r["Top-k 10x"]
+    assert top["last_k"] == 3 and top["last_k_metric_n"] == 3
+    assert top["last_k_metric_mean"] == pytest.approx((0.6 + 0.65 + (0.5 + 0.5 + 0.55) / 3) / 3)
+    assert (top["last_k_metric_lo"], top["last_k_metric_hi"]) == (pytest.approx(1.55 / 3), pytest.approx(0.65))
+    assert top["model_s_to_target_mean"] == pytest.approx(3.5) and top["model_s_to_target_n"] == 2
+    assert top["reached"] == 2 and top["floats_per_worker_mean"] == pytest.approx(1000)
+    assert top["vs_dense_baseline"] == "Dense"
+    assert (top["vs_dense_metric_verdict"], top["vs_dense_metric_p_improve"]) == ("worse", 0.0)
+    assert top["vs_dense_metric_diff_hi"] < 0
+    assert top["vs_dense_time_verdict"] == "not distinguishable (censored)" and top["vs_dense_time_ratio_lo"] > 1
+    assert "vs_reference_metric_verdict" not in top              # it is the reference
+    dense = r["Dense"]
+    assert (dense["vs_reference_metric_verdict"], dense["vs_reference_metric_p_improve"]) == ("better", 1.0)
+    # Dense slower than Top-k 10x's lower bounds, but Top-k's miss may be far longer: censored
+    assert dense["vs_reference_time_verdict"] == "not distinguishable (censored)"
+    never = r["Top-k 100x"]
+    assert never["vs_dense_time_verdict"] == "slower (never reached)" and never["reached"] == 0
+    assert never["vs_reference_time_verdict"] == "not distinguishable (censored)"
+    md = text.split("\n")
+    line = next(x for x in md if x.startswith("| Top-k 10x |")).split(" | ")
+    head = next(x for x in md if x.startswith("| Setting |")).split(" | ")
+    cell = dict(zip(head, line))
+    assert cell["Reached"] == "2 of 3" and cell["Modelled s to target"] == "3.5 [3, 4] (mean of the 2 that reached)"
+    assert cell["vs Dense: last-3 mean"].startswith("worse (-") and "P 0.00" in cell["vs Dense: last-3 mean"]
+    assert cell["vs Dense: modelled s to target"].startswith("not distinguishable (censored) (")
+    assert stats.CI_SENTENCE in text and stats.VERDICT_SENTENCE in text
+
+
+def test_last_k_is_configurable(verdict_ctx):
+    from plots.tables import static_table
+    _, rows, _ = static_table([verdict_ctx], "Top-k 10x", last_k=1)
+    top = next(x for x in rows if x["setting"] == "Top-k 10x")
+    assert top["last_k"] == 1 and top["last_k_metric_mean"] == pytest.approx((0.7 + 0.7 + 0.55) / 3)
+
+
+def test_savings_table_has_gravacs_verdicts(tmp_path):
+    from plots.load import find_runs, load_run
+    from plots.settings import build_contexts
+    from plots.tables import SAVINGS_COLUMNS, savings_table
+    runs = verdict_runs(tmp_path)
+    for s in range(3):   # GraVAC: 0.6 s/step, reaches at step 6 = 3.6 s; last-3 mean 0.7 + s/100
+        write_run(runs / "fixture", f"gravac-s{s}", "gravac", "dgc", 100.0, [100.0] * 4 + [10.0] * 6,
+                  [.2, .5, .6, .7, .8 + 3 * s / 100], 0.6, 0.3, seed=s)
+    (ctx,) = build_contexts([load_run(d) for d in find_runs([str(runs)])[0]])
+    text, rows, _ = savings_table([ctx])
+    row = next(r for r in rows if r["baseline"] == "Dense")
+    assert set(row) <= set(SAVINGS_COLUMNS)
+    assert row["gravac_vs_baseline_time_verdict"] == "faster"          # 3.6 s vs 6 s in every seed
+    assert row["gravac_vs_baseline_time_ratio"] == pytest.approx(6 / 3.6)
+    assert row["gravac_vs_baseline_metric_verdict"] == "worse"         # 0.70-0.72 vs 0.75-0.757
+    assert "faster (1.67x [1.67x, 1.67x], P 1.00)" in text
