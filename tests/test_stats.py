@@ -247,3 +247,77 @@ def test_savings_table_has_gravacs_verdicts(tmp_path):
     assert row["gravac_vs_baseline_time_ratio"] == pytest.approx(6 / 3.6)
     assert row["gravac_vs_baseline_metric_verdict"] == "worse"         # 0.70-0.72 vs 0.75-0.757
     assert "faster (1.67x [1.67x, 1.67x], P 1.00)" in text
+
+
+# ------------------------------------------------------------------------------------------------
+# figures: the band is the CI over replicas, bars carry error bars
+
+def _band_at(ax, x: float) -> set[float]:
+    """The y values of the shaded band's vertices at x."""
+    (poly,) = ax.collections
+    v = poly.get_paths()[0].vertices
+    return {round(float(y), 9) for xx, y in v if xx == x}
+
+
+def test_figure_band_is_the_ci_of_the_mean_over_seeds(tmp_path):
+    """Five seeds at 0.1 ... 0.9 at step 4: the band there is estimate()'s CI (in percent), not the
+    min-max range (n = 5: fact (1))."""
+    from plots import figures
+    from plots.load import find_runs, load_run
+    from plots.settings import build_contexts
+    exp = tmp_path / "runs"
+    at4 = [0.1, 0.2, 0.3, 0.4, 0.9]
+    for s, v in enumerate(at4):
+        write_run(exp, f"topk-s{s}", "static", "topk", 10.0, [100.0] * 10, [.1, v, .5, .6, .7], 0.5, 0.4, seed=s)
+    (ctx,) = build_contexts([load_run(d) for d in find_runs([str(exp)])[0]])
+    fig = figures.metric_vs_steps_figure(ctx)
+    e = estimate(at4)
+    assert _band_at(fig.axes[0], 4.0) == {round(100 * e.lo, 9), round(100 * e.hi, 9)}
+    assert 10 < 100 * e.lo and 100 * e.hi < 90                    # narrower than min-max
+    assert "95% CI of the mean over seeds" in fig._suptitle.get_text()
+    fig = figures.time_to_accuracy_figure(ctx, "model")             # the same band on the time axis
+    assert _band_at(fig.axes[0], 2.0) == {round(100 * e.lo, 9), round(100 * e.hi, 9)}
+
+
+def test_band_of_a_matrix_skips_missing_values():
+    m = np.array([[1.0, 2.0, np.nan], [3.0, 4.0, 5.0], [5.0, 6.0, np.nan]])
+    mean, lo, hi = stats.band(m)
+    assert list(mean) == [3.0, 4.0, 5.0]
+    assert (lo[0], hi[0]) == (1.0, 5.0) and (lo[1], hi[1]) == (2.0, 6.0)    # n = 3: [min, max]
+    assert math.isnan(lo[2]) and math.isnan(hi[2])                        # one value: no band
+
+
+def _bars(ax):
+    from matplotlib.container import BarContainer
+    (bars,) = [c for c in ax.containers if isinstance(c, BarContainer)]
+    return bars
+
+
+def test_bars_carry_ci_error_bars():
+    import matplotlib.pyplot as plt
+    from plots.figures import ci_bars
+    fig, ax = plt.subplots()
+    samples = [[1.0, 2.0, 3.0, 4.0, 10.0], [5.0]]
+    ests = ci_bars(ax, [0, 1], samples, ["C0", "C1"], 0.6)
+    bars = _bars(ax)
+    assert [b.get_height() for b in bars] == [4.0, 5.0]
+    segs = bars.errorbar.lines[2][0].get_segments()
+    assert [tuple(s[:, 1]) for s in segs] == [pytest.approx((ests[0].lo, ests[0].hi)), (5.0, 5.0)]  # none for one value
+    assert ests[0] == estimate(samples[0])
+    plt.close(fig)
+
+
+def test_multilevel_bars_get_error_bars_from_repeated_timings(tmp_path):
+    from plots import bench, figures
+    csv = tmp_path / "bench.csv"
+    rows = ["model,compressor,cf,mode,time_s"]
+    for t in (0.020, 0.022, 0.018):
+        rows += [f"resnet101,topk,1000,direct,{t}", f"resnet101,topk,1000,multilevel,{t / 2}"]
+    csv.write_text("\n".join(rows) + "\n")
+    (row,) = bench.multilevel_rows(str(csv))
+    assert row["speedup"] == pytest.approx(2.0) and sorted(row["direct_all"]) == [0.018, 0.02, 0.022]
+    fig = figures.multilevel_figure([row])
+    bars = _bars(fig.axes[0])
+    assert bars.errorbar is not None and "error bars: 95% CI" in fig._suptitle.get_text()
+    one = dict(row, direct_all=[0.02], multi_all=[0.01])
+    assert "no error bars" in figures.multilevel_figure([one])._suptitle.get_text()
