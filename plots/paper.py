@@ -50,9 +50,10 @@ CONVENTIONS = """
   "better"/"faster" or "worse"/"slower" only when the CI excludes 0 (1), else "not distinguishable
   at 95%"; "one seed: not tested" when either side has one seed. P is the probability of
   improvement (Mann-Whitney U / (n·m), ties half). A replica that missed the target counts with its
-  whole run (a lower bound); a verdict such replicas could overturn reads "not distinguishable
-  (censored)", and one side never reaching it while the other always did reads "slower (never
-  reached)" / "faster (baseline never reached)".
+  whole run (a lower bound); a verdict such replicas could overturn (the side with misses comes out
+  faster) reads "not distinguishable (censored)"; a setting that never reached it against a
+  baseline that always did reads "slower (never reached)" when its whole runs alone are already
+  slower (and "faster (baseline never reached)" the other way round).
 - Accuracy is shown in percent; differences to the target in percentage points.
 - Compression gains of static runs are drawn as a trailing moving average (window in the
   subtitle); GraVAC's δ are drawn as recorded (already EWMA-smoothed).

@@ -4,7 +4,8 @@ Confidence intervals are percentile bootstraps (scipy.stats.bootstrap, 10 000 re
 seed so that tables regenerate byte-identically); BCa is not used because it degenerates at n = 3.
 A comparison never ranks a setting run with one seed. Times to target of replicas that missed the
 target are right-censored (their true time is more than their whole run) and are handled so that
-the censoring cannot overturn a verdict (`compare_to_target`).
+the censoring cannot overturn a verdict (`compare_to_target`): even a setting that never reached
+the target is called slower only if its whole runs were already longer than the baseline's times.
 """
 from __future__ import annotations
 
@@ -199,21 +200,20 @@ class Censored:
 
 
 def compare_to_target(setting: Censored, baseline: Censored, cost: str = "time") -> Comparison:
-    """`compare` for right-censored times to target. All reached: the ratio CI. One side never
-    reached, the other always: that side is slower. Mixed: whole runs stand in for the missed
-    times, and a verdict stands only if longer missed times could not overturn it."""
+    """`compare` for right-censored times to target. All reached: the ratio CI. Otherwise whole
+    runs stand in for the missed times (lower bounds) and a verdict stands only if longer missed
+    times could not overturn it: the side with misses must come out the slower one. A side that
+    never reached while the other always did is named so ("slower (never reached)")."""
     good, bad = WORDS[cost]
     if setting.n < 2 or baseline.n < 2:
         return _untested("ratio", setting.n, baseline.n)
     if setting.k == setting.n and baseline.k == baseline.n:
         return compare(setting.values, baseline.values, cost=cost)
-    if setting.k == 0 and baseline.k == baseline.n:
-        return _untested("ratio", setting.n, baseline.n, f"{bad} (never reached)")
-    if baseline.k == 0 and setting.k == setting.n:
-        return _untested("ratio", setting.n, baseline.n, f"{good} (baseline never reached)")
     if setting.k == 0 and baseline.k == 0:
         return _untested("ratio", setting.n, baseline.n, "not distinguishable (neither reached)")
     c = compare(setting.values, baseline.values, cost=cost)
-    # a missed time can only be longer: a side that looks faster while it has misses may not be
     stands = (c.verdict == good and setting.k == setting.n) or (c.verdict == bad and baseline.k == baseline.n)
-    return Comparison(c.kind, c.point, c.lo, c.hi, None, c.verdict if stands else CENSORED, c.n, c.m)
+    verdict = c.verdict if stands else CENSORED
+    if stands and (setting.k == 0 or baseline.k == 0):
+        verdict += " (never reached)" if setting.k == 0 else " (baseline never reached)"
+    return Comparison(c.kind, c.point, c.lo, c.hi, None, verdict, c.n, c.m)
