@@ -39,9 +39,22 @@ CONVENTIONS = """
   setting). A baseline that never reached the target gives a lower bound (≥), computed from its
   whole run; a GraVAC run (setting) that never reached it gives "not reached".
 - Runs that differ only in seeds (train.seed, dataset.seed), paths, logging or options their
-  method ignores are replicas of one setting: figures draw the mean with a min-max band; tables
-  give the mean ± sample standard deviation over the replicas that reached the target, and
-  ratios of those means. "(n=3)" in a legend is the number of replicas.
+  method ignores are replicas of one setting: figures draw the mean with a shaded 95% confidence
+  band of the mean over seeds; tables give the mean [95% CI] (to-target figures over the replicas
+  that reached the target, with how many did), and ratios of those means. "(n=3)" in a legend is
+  the number of replicas.
+- 95% CI: percentile bootstrap of the mean over seeds (scipy.stats.bootstrap, 10 000 resamples,
+  fixed seed, so outputs regenerate byte-identically); one seed has no CI.
+- Verdicts (static and savings tables): each setting against Dense and the --reference setting,
+  on the mean of the last --last-k evaluations and the modelled s to target, from a two-sample
+  bootstrap 95% CI of the difference of means (metric) or of the ratio baseline / setting (time):
+  "better"/"faster" or "worse"/"slower" only when the CI excludes 0 (1), else "not distinguishable
+  at 95%"; "one seed: not tested" when either side has one seed. P is the probability of
+  improvement (Mann-Whitney U / (n·m), ties half). A replica that missed the target counts with its
+  whole run (a lower bound); a verdict such replicas could overturn (the side with misses comes out
+  faster) reads "not distinguishable (censored)"; a setting that never reached it against a
+  baseline that always did reads "slower (never reached)" when its whole runs alone are already
+  slower (and "faster (baseline never reached)" the other way round).
 - Accuracy is shown in percent; differences to the target in percentage points.
 - Compression gains of static runs are drawn as a trailing moving average (window in the
   subtitle); GraVAC's δ are drawn as recorded (already EWMA-smoothed).
@@ -62,6 +75,8 @@ def parse_args(argv):
                                                  "results/, else results/compress_bench.csv)")
     p.add_argument("--no-bench", action="store_true",
                    help="no Table 3: do not look for a benchmark CSV (bench/reference.py without one)")
+    p.add_argument("--last-k", type=int, default=3,
+                   help="the tables' headline metric is the mean of each run's last K evaluations (default 3)")
     p.add_argument("--smooth", type=int, default=0, help="moving-average window of static gains (0: auto)")
     p.add_argument("--formats", default="png,pdf",
                    help="figure formats, comma-separated (default png,pdf; PDF embeds TrueType fonts)")
@@ -142,7 +157,7 @@ def make_figures(ctx: Context, out: Outputs, suffix: str, args) -> None:
 
 
 def make_tables(contexts: list[Context], out: Outputs, args) -> None:
-    res = _attempt(out, "comm_savings", args.debug, tables.savings_table, contexts)
+    res = _attempt(out, "comm_savings", args.debug, tables.savings_table, contexts, args.last_k)
     if res is not None:
         text, rows, why_not = res
         for w in why_not:
@@ -152,7 +167,8 @@ def make_tables(contexts: list[Context], out: Outputs, args) -> None:
                       "floats / wire bytes / time to the same target, baselines vs GraVAC (Table 4)")
         elif not why_not:
             out.skip("comm_savings", "no baseline/GraVAC pair")
-    res = _attempt(out, "static_compression", args.debug, tables.static_table, contexts, args.reference)
+    res = _attempt(out, "static_compression", args.debug, tables.static_table, contexts, args.reference,
+                   args.last_k)
     if res is not None:
         text, rows, notes = res
         for n in notes:

@@ -222,8 +222,16 @@ def test_static_table_numbers(made):
     assert num(rows["Top-k 10x"]["steps_to_target"]) == pytest.approx(7)
     assert num(rows["GraVAC ε=0.7 (dgc)"]["mean_cf"]) == pytest.approx(10 * M / 460)
     assert num(rows["Top-k 10x"]["mean_cf"]) == pytest.approx(10)
+    # mean of the last 3 evaluations: Top-k 10x (.5+.6+.7)/3 and (.6+.65+.7)/3; two seeds -> CI = their range
+    top = rows["Top-k 10x"]
+    assert (num(top["last_k"]), num(top["last_k_metric_mean"])) == (3, pytest.approx(0.625))
+    assert (num(top["last_k_metric_lo"]), num(top["last_k_metric_hi"])) == (pytest.approx(0.6), pytest.approx(0.65))
+    assert (num(top["model_s_to_target_lo"]), num(top["model_s_to_target_hi"])) == (3, 4)
+    assert top["vs_dense_metric_verdict"] == top["vs_dense_time_verdict"] == "one seed: not tested"
+    assert top["vs_reference_metric_verdict"] == ""                 # it is the reference
+    assert rows["Dense"]["vs_reference_metric_verdict"] == "one seed: not tested"
     md = (out / "static_compression.md").read_text()
-    assert "+25.00 pp" in md and "not reached" in md
+    assert "+25.00 pp" in md and "not reached" in md and "95% CI: percentile bootstrap" in md
 
 
 def test_multilevel_table(made):
