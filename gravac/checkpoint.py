@@ -4,6 +4,10 @@ Layout inside a run folder: `checkpoint/step-NNNNNNNN/rank-R.pt` (one file per p
 its local workers' state), and `checkpoint/latest` naming the newest *complete* step folder.
 `latest` is replaced atomically only after every process has written its file, so a kill during
 a save leaves the previous checkpoint in force.
+
+A checkpoint holds only tensors and plain values (dict, list, tuple, str, int, float, bool, None)
+and is loaded with `torch.load(weights_only=True)`: a crafted file, even with a matching checksum,
+cannot run code; a state that is not plain is refused when saved, not on resume.
 """
 from __future__ import annotations
 
@@ -11,9 +15,11 @@ import contextlib
 import errno
 import hashlib
 import os
+import pickle
 import re
 import shutil
 import signal
+from collections import OrderedDict
 
 import torch
 
@@ -40,6 +46,7 @@ class Checkpointer:
 
     def save(self, step: int, state: dict) -> None:
         """Write this process's state for `step` (the next step to run), then publish it."""
+        check_plain(state)
         d = self._step_dir(step)
         os.makedirs(d, exist_ok=True)
         final = os.path.join(d, f"rank-{self.rank}.pt")
@@ -102,7 +109,11 @@ class Checkpointer:
             raise UserError(f"checkpoint file {path} is damaged (its SHA-256 differs from the one saved with it): "
                             "the run cannot be resumed; start a new run")
         try:
-            box = torch.load(path, map_location="cpu", weights_only=False)
+            box = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:   # a type no checkpoint of this suite holds: maybe code
+            found = re.search(r"GLOBAL ([\w.]+)", str(e))
+            raise UserError(f"checkpoint file {path} holds {found.group(1) if found else 'an object'}, not only "
+                            "tensors and plain values: refusing to load it (it could run code); start a new run") from None
         except Exception as e:  # truncated or not a checkpoint at all
             raise UserError(f"checkpoint file {path} cannot be read ({type(e).__name__}): the run cannot be "
                             "resumed; start a new run") from None
@@ -112,6 +123,28 @@ class Checkpointer:
             raise UserError(f"checkpoint file {path} belongs to run {box.get('run')!r}, not {self.run!r}: "
                             "copy the whole run folder, or start a new run")
         return box["state"]
+
+
+PLAIN = (str, int, float, bool, type(None))
+
+
+def check_plain(obj, where: str = "state") -> None:
+    """Refuse (TypeError naming the entry) anything `torch.load(weights_only=True)` would not load
+    back: a method or plug-in whose state holds e.g. a numpy scalar or its own class must convert
+    it to tensors and plain values in its state_dict()."""
+    if isinstance(obj, torch.Tensor) or type(obj) in PLAIN:
+        return
+    if type(obj) in (dict, OrderedDict):
+        for k, v in obj.items():
+            check_plain(k, f"{where} key")
+            check_plain(v, f"{where}[{k!r}]")
+    elif type(obj) in (list, tuple):
+        for i, v in enumerate(obj):
+            check_plain(v, f"{where}[{i}]")
+    else:
+        raise TypeError(f"checkpoint {where} is a {type(obj).__module__}.{type(obj).__qualname__}: a checkpoint "
+                        "holds only tensors and plain values (dict, list, tuple, str, int, float, bool, None); "
+                        "convert it in the state_dict() that returns it")
 
 
 def _sha256(path: str) -> str:

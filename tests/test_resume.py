@@ -1,6 +1,7 @@
 """Runs survive interruption: kill-and-resume equality, Ctrl-C, config mismatch, concurrent runs."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -266,6 +267,45 @@ def test_a_damaged_checkpoint_stops_in_one_line_and_deletes_nothing(damaged_resu
     assert DAMAGE[case] in r.stderr and "Traceback" not in r.stderr
     assert (run / "steps.jsonl").read_text() == steps_before
     assert set(before) <= {p.relative_to(run) for p in run.rglob("*")}
+
+
+class _WritesAFile:
+    """Unpickled, it opens (so creates) `path`: what a crafted checkpoint could do to torch.load."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(two_checkpointed_runs, tmp_path):
+    """Issue 33 case 1: the checksum proves a file undamaged, not who wrote it. A rank file of the
+    right run and step whose pickle runs code, with its matching .sha256, is refused in one line
+    (checkpoints are loaded with weights_only=True) and the code never runs."""
+    a, _ = two_checkpointed_runs
+    run = tmp_path / a.name
+    shutil.copytree(a, run)
+    step = (run / "checkpoint" / "latest").read_text().strip()
+    pt, marker = run / "checkpoint" / step / "rank-0.pt", tmp_path / "written-by-the-pickle"
+    torch.save({"run": run.name, "step": int(step[len("step-"):]), "state": _WritesAFile(marker)}, pt)
+    (pt.parent / "rank-0.pt.sha256").write_text(hashlib.sha256(pt.read_bytes()).hexdigest() + "\n")
+    r = run_cli([*ARGS, "train.steps=12", f"experiment.results_root={tmp_path}", f"experiment.resume={run}"])
+    assert not marker.exists()
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "refusing to load it (it could run code)" in errors[0], r.stderr[-2000:]
+
+
+def test_a_state_that_is_not_plain_is_refused_when_saved(tmp_path):
+    """A plug-in whose state_dict holds a numpy scalar would write a checkpoint no resume can load:
+    the save says which entry, before anything is written."""
+    import numpy as np
+
+    from gravac.checkpoint import check_plain
+    check_plain({"model": {"w": torch.zeros(2)}, "t": (1, 2.0, None, "x", [True])})
+    with pytest.raises(TypeError, match=r"checkpoint state\['method'\]\['ewma'\] is a numpy.float64"):
+        check_plain({"method": {"ewma": np.float64(0.5)}})
 
 
 def test_a_second_process_on_a_running_folder_is_refused_with_the_holder(tmp_path):
