@@ -24,7 +24,7 @@ from collections import OrderedDict
 import torch
 
 from gravac.errors import UserError
-from gravac.results import atomic_write
+from gravac.results import atomic_write, open_new, run_path
 
 
 class Checkpointer:
@@ -37,12 +37,13 @@ class Checkpointer:
 
     def __init__(self, run_dir: str | None, group):
         self.group = group
-        self.root = os.path.join(run_dir, "checkpoint") if run_dir else None
+        self.dir = run_dir
+        self.root = run_path(run_dir, "checkpoint") if run_dir else None   # refused at once if it links out
         self.run = os.path.basename(os.path.normpath(run_dir)) if run_dir else ""
         self.rank = group.local_ranks[0]
 
     def _step_dir(self, step: int) -> str:
-        return os.path.join(self.root, f"step-{step:08d}")
+        return run_path(self.dir, "checkpoint", f"step-{step:08d}")
 
     def save(self, step: int, state: dict) -> None:
         """Write this process's state for `step` (the next step to run), then publish it."""
@@ -52,7 +53,7 @@ class Checkpointer:
         final = os.path.join(d, f"rank-{self.rank}.pt")
         tmp = os.path.join(d, f".rank-{self.rank}.pt.tmp")
         try:
-            with open(tmp, "wb") as f:   # closed even when the write fails, so removing it frees the space
+            with open_new(tmp) as f:   # closed even when the write fails, so removing it frees the space
                 torch.save({"run": self.run, "step": step, "state": state}, f)
             atomic_write(final + ".sha256", _sha256(tmp) + "\n")
             os.replace(tmp, final)
@@ -68,10 +69,10 @@ class Checkpointer:
             raise
         self.group.barrier()  # every process has written before `latest` moves
         if self.group.is_main:
-            atomic_write(os.path.join(self.root, "latest"), os.path.basename(d) + "\n")
-            for old in os.listdir(self.root):
+            atomic_write(run_path(self.dir, "checkpoint", "latest"), os.path.basename(d) + "\n")
+            for old in os.listdir(run_path(self.dir, "checkpoint")):
                 if old.startswith("step-") and old != os.path.basename(d):
-                    shutil.rmtree(os.path.join(self.root, old), ignore_errors=True)
+                    shutil.rmtree(run_path(self.dir, "checkpoint", old), ignore_errors=True)
         self.group.barrier()
 
     def latest_step(self) -> int | None:

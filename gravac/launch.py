@@ -29,6 +29,7 @@ from gravac.results import (
     atomic_write,
     make_run_dir,
     read_jsonl,
+    run_path,
 )
 from gravac.schema import RunConfig
 from gravac.sweep import cores
@@ -101,7 +102,7 @@ def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") 
     config = saved_config(cfg)
     writer = RunWriter(run_dir, config) if group.is_main else NullWriter()
     if group.is_main and not cfg.experiment.resume:
-        atomic_write(os.path.join(run_dir, "command.txt"), command + "\n")
+        atomic_write(run_path(run_dir, "command.txt"), command + "\n")
     resume_cmd = resume_command(command, run_dir)
 
     def tracker_factory(total, dir_):
@@ -341,7 +342,10 @@ def _join(ctx) -> tuple[int, int] | None:
 
 def _mark_failed(run_dir: str, reason: str, diagnosis: bool = False) -> None:
     """Record in summary.json that a peer failed (rank 0 may have been killed mid-write)."""
-    path = os.path.join(run_dir, "summary.json")
+    try:
+        path = run_path(run_dir, "summary.json")
+    except UserError:   # a link out of the folder: the run's own error says so
+        return
     try:
         with open(path) as f:
             summary = json.load(f)

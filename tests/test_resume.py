@@ -308,6 +308,60 @@ def test_a_state_that_is_not_plain_is_refused_when_saved(tmp_path):
         check_plain({"method": {"ewma": np.float64(0.5)}})
 
 
+def _link_out(run: Path, outside: Path, case: str) -> None:
+    """Plant in `run` a symbolic link into the folder `outside` (made here, with something to lose)."""
+    outside.mkdir()
+    if case == ".lock to a file":            # the lock wrote its pid into the file
+        (outside / "precious.txt").write_text("precious\n")
+        (run / ".lock").unlink(missing_ok=True)
+        (run / ".lock").symlink_to(outside / "precious.txt")
+    elif case == "checkpoint/ to a folder":  # rotation deleted the folder's step-* folders
+        shutil.move(run / "checkpoint", outside / "checkpoint")
+        (outside / "checkpoint" / "step-00000099").mkdir()
+        (outside / "checkpoint" / "step-00000099" / "precious.txt").write_text("precious\n")
+        (run / "checkpoint").symlink_to(outside / "checkpoint", target_is_directory=True)
+    elif case == "steps.jsonl to a new file":   # opening the records created it
+        (run / "steps.jsonl").unlink()
+        (run / "steps.jsonl").symlink_to(outside / "created.jsonl")
+
+
+def _tree(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
+
+
+LINKS = [".lock to a file", "checkpoint/ to a folder", "steps.jsonl to a new file"]
+
+
+@pytest.fixture(scope="module")
+def linked_resumes(tmp_path_factory, two_checkpointed_runs):
+    """Each LINKS case: a copy of run a with the link planted, resumed (two at a time);
+    {case: (run folder, the outside folder, its contents before the resume, the resume's result)}."""
+    a, _ = two_checkpointed_runs
+    cases, jobs = {}, []
+    for case in LINKS:
+        root = tmp_path_factory.mktemp("linked")
+        run, outside = root / a.name, root / "outside"
+        shutil.copytree(a, run)
+        _link_out(run, outside, case)
+        cases[case] = (run, outside, _tree(outside))
+        jobs.append(dict(args=[*ARGS, "train.steps=12", f"experiment.results_root={root}", f"experiment.resume={run}"]))
+    return {case: (*cases[case], r) for case, r in zip(LINKS, run_cli_many(jobs))}
+
+
+@pytest.mark.parametrize("case", LINKS)
+def test_a_symlink_out_of_the_run_folder_is_never_written_through(linked_resumes, case):
+    """Issue 33 case 2: a link planted in a run folder made the lock overwrite another file with
+    its pid, checkpoint rotation delete another folder's contents, the records create a file
+    elsewhere. Every write, rename and delete goes through gravac.results.run_path: the run stops
+    in one line naming the link, and nothing outside the folder changes."""
+    run, outside, before, r = linked_resumes[case]
+    assert _tree(outside) == before
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    link = run / case.split(" ")[0].rstrip("/")
+    assert len(errors) == 1 and f"{link} is a symbolic link out of the run folder" in errors[0], r.stderr[-2000:]
+
+
 def test_a_second_process_on_a_running_folder_is_refused_with_the_holder(tmp_path):
     """Issue 21 case 9: one run folder, one process; the other says who holds it."""
     proc = _popen([*ARGS, "train.steps=400", "train.checkpoint_every=2", f"experiment.results_root={tmp_path}"])
