@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -227,9 +228,18 @@ def _shutdown(dist) -> None:
     dist.destroy_process_group()
 
 
+def loopback_interface() -> str:
+    """This machine's loopback interface: `lo` on Linux, `lo0` on macOS and the BSDs."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((n for n in ("lo", "lo0") if n in names), "lo")
+
+
 def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, command: str) -> None:
-    """Entry point of a spawned worker process (must live in an importable module)."""
+    """Entry point of a spawned worker process (must live in an importable module). The workers
+    of a one-machine run talk over loopback only: left to itself, gloo (and NCCL's bootstrap)
+    listens on the address the host name resolves to, which may be reachable from the network."""
     import torch.distributed as dist
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback_interface()
     world = cfg.cluster.workers
     torch.set_num_threads(cfg.cluster.threads or max(1, cores() // world))
     try:
