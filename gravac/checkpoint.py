@@ -111,11 +111,11 @@ class Checkpointer:
                             "the run cannot be resumed; start a new run")
         try:
             box = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:   # a type no checkpoint of this suite holds: maybe code
-            found = re.search(r"GLOBAL ([\w.]+)", str(e))
-            raise UserError(f"checkpoint file {path} holds {found.group(1) if found else 'an object'}, not only "
-                            "tensors and plain values: refusing to load it (it could run code); start a new run") from None
-        except Exception as e:  # truncated or not a checkpoint at all
+        except Exception as e:  # truncated, not a checkpoint at all, or naming what no checkpoint holds
+            found = re.search(r"GLOBAL ([\w.]+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
+            if found:
+                raise UserError(f"checkpoint file {path} holds {found.group(1)}, not only tensors and plain values: "
+                                "refusing to load it (it could run code); start a new run") from None
             raise UserError(f"checkpoint file {path} cannot be read ({type(e).__name__}): the run cannot be "
                             "resumed; start a new run") from None
         if not isinstance(box, dict) or "state" not in box or box.get("step") != step:
