@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -29,6 +30,7 @@ from gravac.results import (
     atomic_write,
     make_run_dir,
     read_jsonl,
+    run_path,
 )
 from gravac.schema import RunConfig
 from gravac.sweep import cores
@@ -101,7 +103,7 @@ def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") 
     config = saved_config(cfg)
     writer = RunWriter(run_dir, config) if group.is_main else NullWriter()
     if group.is_main and not cfg.experiment.resume:
-        atomic_write(os.path.join(run_dir, "command.txt"), command + "\n")
+        atomic_write(run_path(run_dir, "command.txt"), command + "\n")
     resume_cmd = resume_command(command, run_dir)
 
     def tracker_factory(total, dir_):
@@ -226,9 +228,18 @@ def _shutdown(dist) -> None:
     dist.destroy_process_group()
 
 
+def loopback_interface() -> str:
+    """This machine's loopback interface: `lo` on Linux, `lo0` on macOS and the BSDs."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((n for n in ("lo", "lo0") if n in names), "lo")
+
+
 def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, command: str) -> None:
-    """Entry point of a spawned worker process (must live in an importable module)."""
+    """Entry point of a spawned worker process (must live in an importable module). The workers
+    of a one-machine run talk over loopback only: left to itself, gloo (and NCCL's bootstrap)
+    listens on the address the host name resolves to, which may be reachable from the network."""
     import torch.distributed as dist
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback_interface()
     world = cfg.cluster.workers
     torch.set_num_threads(cfg.cluster.threads or max(1, cores() // world))
     try:
@@ -341,7 +352,10 @@ def _join(ctx) -> tuple[int, int] | None:
 
 def _mark_failed(run_dir: str, reason: str, diagnosis: bool = False) -> None:
     """Record in summary.json that a peer failed (rank 0 may have been killed mid-write)."""
-    path = os.path.join(run_dir, "summary.json")
+    try:
+        path = run_path(run_dir, "summary.json")
+    except UserError:   # a link out of the folder: the run's own error says so
+        return
     try:
         with open(path) as f:
             summary = json.load(f)
