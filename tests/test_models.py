@@ -119,6 +119,6 @@ def test_resnet101_zero_init_residual_zeroes_each_blocks_last_batchnorm():
     torch.manual_seed(0)
     plain = build_model(model_cfg(name="resnet101"), 10, "classification")
     zero = build_model(model_cfg(name="resnet101", zero_init_residual=True), 10, "classification")
-    bn3 = lambda m: [b.bn3.weight for layer in (m.layer1, m.layer2, m.layer3, m.layer4) for b in layer]  # noqa: E731
+    bn3 = lambda m: [b.bn3.weight.detach() for layer in (m.layer1, m.layer2, m.layer3, m.layer4) for b in layer]  # noqa: E731
     assert len(bn3(zero)) == 33 and all(float(w.abs().max()) == 0.0 for w in bn3(zero))
     assert all(float(w.min()) == 1.0 for w in bn3(plain))
