@@ -17,6 +17,7 @@ from gravac.config import (  # noqa: E402
     ConfigError,
     check_composition,
     check_overrides,
+    expand_seeds,
     help_text,
     register_base,
 )
@@ -36,6 +37,7 @@ if __name__ == "__main__":
         if any(a in ("--help", "-h") for a in sys.argv[1:]):
             print(help_text(CONF_DIR))
             sys.exit(0)
+        sys.argv[1:] = expand_seeds(sys.argv[1:])   # experiment.seeds=N: N seed replicas
         check_overrides(sys.argv[1:], CONF_DIR)
         register_base()
         if not any(a in ("--hydra-help", "--info") or a.startswith("--cfg") for a in sys.argv[1:]):

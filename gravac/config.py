@@ -271,6 +271,28 @@ def group_options(group: str, conf_dir: str) -> list[str]:
     return sorted(f[:-5] for f in os.listdir(path) if f.endswith(".yaml")) if os.path.isdir(path) else []
 
 
+def expand_seeds(argv: list[str]) -> list[str]:
+    """`experiment.seeds=N` on the command line becomes the sweep `-m train.seed=0,...,N-1`: N seed
+    replicas of the setting (of every cell of a grid), which tables and figures group into a mean
+    with a 95% confidence interval. It is a command-line shorthand, not a config field."""
+    found = [a for a in argv if a.split("=", 1)[0] == "experiment.seeds"]
+    if not found:
+        return argv
+    if len(found) > 1:
+        raise ConfigError("experiment.seeds is given twice; give it once")
+    value = found[0].split("=", 1)[1]
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"experiment.seeds={value}: give the number of seed replicas, a whole number "
+                          "from 1 (experiment.seeds=3 runs train.seed=0,1,2)")
+    if any(a.split("=", 1)[0].lstrip("+~") == "train.seed" for a in argv):
+        raise ConfigError("experiment.seeds and train.seed are both given; use experiment.seeds=N for "
+                          "seeds 0..N-1 or -m train.seed=a,b,c for chosen seeds, not both")
+    rest = [a for a in argv if a != found[0]]
+    seeds = "train.seed=" + ",".join(str(i) for i in range(int(value)))
+    multirun = [] if any(a in ("-m", "--multirun") for a in rest) else ["-m"]
+    return multirun + rest + [seeds]
+
+
 def check_overrides(argv: list[str], conf_dir: str) -> None:
     """Reject unknown group options and unknown keys on the command line before Hydra sees them.
 

@@ -188,6 +188,9 @@ USER_MISTAKES = [  # (overrides, environment, fragment of the one-line error): i
     (["cluster=ddp", "cluster.workers=100000"], {}, "would start 100000 processes here"),
     (["cluster.workers=100000"], {}, "a shard of 0 samples (256 over 100000 workers)"),
     (["cluster.workers=100000", "model.width=16"], {}, "the 100000-worker cluster needs about"),
+    (["experiment.seeds=0"], {}, "experiment.seeds=0: give the number of seed replicas"),
+    (["experiment.seeds=three"], {}, "experiment.seeds=three: give the number of seed replicas"),
+    (["experiment.seeds=2", "train.seed=4"], {}, "experiment.seeds and train.seed are both given"),
 ]
 TINY = ["train.steps=2", "logger.progress=false", "cluster.threads=1", "dataset.train_size=256",
         "dataset.test_size=64", "model.width=4", "dataset.image_size=8"]
@@ -238,3 +241,23 @@ def test_a_name_too_long_for_the_filesystem_says_so(tmp_path):
         make_run_dir(str(tmp_path / ("r" * 300)), "default", "", "tag")
     assert "too long for this filesystem; shorten experiment.name (or experiment.results_root)" in str(e.value)
     assert "writable" not in str(e.value)
+
+
+def test_experiment_seeds_runs_that_many_seed_replicas(tmp_path):
+    """experiment.seeds=2 is the sweep train.seed=0,1: one run folder per seed, nothing else."""
+    r = run_cli([*TINY, f"experiment.results_root={tmp_path}", "experiment.seeds=2"], timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = sorted(p.parent for p in tmp_path.glob("default/*/summary.json"))
+    assert [_seed_of(p) for p in runs] == [0, 1]
+
+
+def _seed_of(run) -> int:
+    import yaml
+    return yaml.safe_load((run / "config.yaml").read_text())["train"]["seed"]
+
+
+def test_expand_seeds_rewrites_only_its_own_argument():
+    from gravac.config import expand_seeds
+    assert expand_seeds(["method=dense"]) == ["method=dense"]
+    assert expand_seeds(["experiment.seeds=3", "arm=topk10,dense"]) == ["-m", "arm=topk10,dense", "train.seed=0,1,2"]
+    assert expand_seeds(["-m", "experiment.seeds=1"]) == ["-m", "train.seed=0"]
