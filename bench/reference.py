@@ -1,6 +1,6 @@
 """Curate a study's raw runs into results/reference/: small, committed, and enough to redraw every figure.
 
-    python bench/reference.py [RAW ...] [--out results/reference]
+    python bench/reference.py [RAW ...] [--out results/reference] [--last-k 3]
                               [--experiments mini_vgg,mini_resnet,mini_lstm] [--bench results/compress_bench.csv]
 
 For each study experiment, every completed run under RAW (default results/runs) is copied to
@@ -9,10 +9,12 @@ several cluster sizes or networks) with its config.yaml, command.txt, summary.js
 its full per-step record gzipped (steps.jsonl.gz: cumulative sums stay exact) and origin.txt (the
 raw run folder's name, kept through re-curation; runs.csv's `run` column).
 OUT/<experiment>/runs.csv gets one row per run, OUT/<experiment>/curves.csv every run downsampled
-to every --every steps plus its evaluations, and OUT/summary.md one table per experiment (settings
-averaged over seeds; the numbers REPRODUCING.md quotes). Then plots/paper.py draws the figures and tables from
-the curated copies (not the raw runs) into OUT/plots/, so what is committed redraws itself.
-Incomplete runs and older duplicates of a setting and seed are listed and left out. OUT is
+to every --every steps plus its evaluations, and OUT/summary.md one table per experiment (per
+setting the mean [95% CI] over seeds and verdicts against Dense and Top-k 10x; the numbers
+REPRODUCING.md quotes). Then plots/paper.py draws the figures and tables from the curated copies
+(not the raw runs) into OUT/plots/, so what is committed redraws itself.
+Incomplete and damaged runs (as plots/paper.py reads them) and older duplicates of a setting and
+seed are listed and left out. OUT is
 replaced in one rename at the end: an interrupted call leaves the previous reference intact. Folders
 of OUT that belong to other studies (gain_probe/, gain_arms/, exdyna/, ...) are carried over as they are.
 """
@@ -25,7 +27,6 @@ import io
 import math
 import os
 import shutil
-import statistics
 import sys
 from pathlib import Path
 
@@ -36,15 +37,18 @@ if str(ROOT) not in sys.path:
 from plots import paper  # noqa: E402
 from plots.labels import fmt_metric, fmt_num  # noqa: E402
 from plots.load import Run, find_runs, load_run  # noqa: E402
+from plots.output import OutputError, make_folder  # noqa: E402
 from plots.settings import Context, build_contexts, relevant_settings  # noqa: E402
-from plots.tables import ratio, ratio_cell, to_target  # noqa: E402
+from plots.merit import LAST_K, against_baselines, baselines, last_k_mean, merit, verdict_texts  # noqa: E402
+from plots.stats import CI_SENTENCE, VERDICT_SENTENCE, estimate  # noqa: E402
+from plots.tables import ratio, ratio_cell  # noqa: E402
 
 STUDY = ("mini_vgg", "mini_resnet", "mini_lstm")
 COPIED = ("config.yaml", "command.txt", "summary.json", "evals.jsonl")
 RUN_COLUMNS = ["experiment", "setting", "seed", "run", "method", "compressor", "cf", "epsilon", "policy", "steps",
                "metric", "final_metric", "best_metric", "target", "target_step", "floats_sent", "floats_to_target",
                "floats_vs_dense", "model_s", "model_s_to_target", "wall_s", "wall_s_to_target", "run_wall_s",
-               "mean_gain", "cf_histogram"]
+               "mean_gain", "cf_histogram", "last_k", "last_k_metric"]
 CURVE_COLUMNS = ["experiment", "setting", "seed", "step", "loss", "cf", "floats_cum", "model_s_cum", "wall_s_cum",
                  "metric"]
 
@@ -56,6 +60,8 @@ def parse_args(argv):
     p.add_argument("--experiments", default=",".join(STUDY), help="experiment.name values to curate")
     p.add_argument("--bench", default="results/compress_bench.csv", help="compression benchmark CSV (Table 3)")
     p.add_argument("--every", type=int, default=10, help="curves.csv keeps every N-th step (default 10)")
+    p.add_argument("--last-k", type=int, default=LAST_K,
+                   help="headline metric: mean of each run's last K evaluations (default 3)")
     return p.parse_args(argv)
 
 
@@ -65,9 +71,12 @@ def select(raw: list[str], experiments: list[str]) -> tuple[dict[str, list[Run]]
     left = [f"{m}: does not exist" for m in missing]
     picked: dict[str, dict[tuple, Run]] = {e: {} for e in experiments}
     for d in sorted(dirs, key=lambda p: os.path.basename(os.path.normpath(p))):  # run ids start with the time
-        run = load_run(d)
+        run = load_run(d)                   # as plots/paper.py loads it: never raises, says what is damaged
         exp = run.cfg("experiment.name")
-        if exp not in picked:
+        if not isinstance(exp, str) or exp not in picked:
+            continue
+        if run.damage:
+            left.append(f"{d}: damaged ({run.damage})")
             continue
         if run.status != "completed" or run.problems:
             left.append(f"{d}: incomplete ({'; '.join(run.problems) or run.status})")
@@ -95,7 +104,7 @@ def origin(run: Run) -> str:
     return run.name
 
 
-def run_row(exp: str, setting: str, run: Run, target: float | None) -> dict:
+def run_row(exp: str, setting: str, run: Run, target: float | None, k: int = LAST_K) -> dict:
     """One runs.csv row: what the run reached, what it sent and how long it took, totals and to target."""
     tot, hit = run.totals(), run.first_hit(target)
     params = (run.summary or {}).get("parameters")
@@ -114,7 +123,8 @@ def run_row(exp: str, setting: str, run: Run, target: float | None) -> dict:
         "wall_s": _num(tot.wall_s), "wall_s_to_target": _num(hit.wall_s) if hit else "",
         "run_wall_s": _num((run.summary or {}).get("wall_s")),
         "mean_gain": _num(sum(gains) / len(gains)) if gains else "",
-        "cf_histogram": ";".join(f"{k}:{v}" for k, v in hist.items()),
+        "cf_histogram": ";".join(f"{c}:{v}" for c, v in hist.items()),
+        "last_k": k, "last_k_metric": _num(last_k_mean(run, k)),
     }
 
 
@@ -163,67 +173,88 @@ def write_csv(path: str, rows: list[dict], columns: list[str]) -> None:
         f.write(buf.getvalue())
 
 
-SUMMARY_HEADER = ["setting", "seeds", "final", "best", "target at step", "floats sent", "fewer floats than dense",
-                  "floats to target", "modelled s to target", "speedup vs Top-k 10x", "Σ step wall s", "run wall s"]
+REFERENCE = "Top-k 10x"
 
 
-def _spread(values: list[float], fmt) -> str:
-    """Mean (± sample sd when there are several) of a per-run quantity; "—" when none is finite."""
-    v = [x for x in values if x is not None and math.isfinite(x)]
-    if not v:
-        return "—"
-    return fmt(statistics.mean(v)) + (f" ± {fmt(statistics.stdev(v))}" if len(v) > 1 else "")
+def summary_header(ctx: Context, k: int) -> list[str]:
+    head = ["setting", "seeds", "final", f"last-{k} mean", "best", "reached", "target at step", "floats sent",
+            "fewer floats than dense", "floats to target", "modelled s to target", f"speedup vs {REFERENCE}"]
+    for b in baselines(ctx, REFERENCE):
+        head += [f"vs {b.label}: last-{k} mean", f"vs {b.label}: modelled s to target"]
+    return head + ["Σ step wall s", "run wall s"]
 
 
-def summary_table(exp: str, ctx: Context) -> str:
-    """Markdown: one line per setting, mean ± sd over its seeds. The to-target cells and the
-    speedup are plots/tables.py's (the Table 2 definitions), so the two cannot disagree."""
+def _ci(values: list, fmt) -> str:
+    """Mean [95% CI] of a per-run quantity (the value alone for one seed); "—" when none is finite."""
+    return estimate(values).text(fmt)
+
+
+def summary_table(exp: str, ctx: Context, k: int = LAST_K) -> str:
+    """Markdown: one line per setting, mean [95% CI] over its seeds, and its verdicts against Dense and
+    Top-k 10x. The to-target cells, speedup and verdicts are plots/tables.py's (the Table 2
+    definitions), so the two cannot disagree."""
     pct = (lambda x: fmt_metric(x, ctx.metric))
-    ref = ctx.find("Top-k 10x")
-    ref_t = to_target(ref, ctx.target) if ref else None
+    merits = {g: merit(g, ctx.target, k) for g in ctx.groups}
+    ref = ctx.find(REFERENCE)
     target = fmt_metric(ctx.target, ctx.metric) if ctx.target is not None else "none"
+    head = summary_header(ctx, k)
     lines = [f"### {exp} (metric {ctx.metric}, target {target})", "",
-             "| " + " | ".join(SUMMARY_HEADER) + " |", "|" + "---|" * len(SUMMARY_HEADER)]
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in ctx.groups:
-        t = to_target(g, ctx.target)
+        m, t = merits[g], merits[g].to
         totals = [r.totals() for r in g.runs]
         vs_dense = [(r.summary or {}).get("parameters", math.nan) * len(r.steps) / tot.floats
                     for r, tot in zip(g.runs, totals) if tot is not None and tot.floats > 0]
-        speed = ratio_cell(*ratio(ref_t, t, "model_s")[:2]) if ref_t else "—"
-        cells = [g.label, str(g.n), _spread([r.final_metric() for r in g.runs], pct),
-                 _spread([r.best_metric() for r in g.runs], pct), t.cell("step"),
-                 _spread([x.floats for x in totals if x], fmt_num), _spread(vs_dense, lambda x: fmt_num(x) + "x"),
-                 t.cell("floats"), t.cell("model_s"), speed, _spread([x.wall_s for x in totals if x], fmt_num),
-                 _spread([(r.summary or {}).get("wall_s") for r in g.runs], fmt_num)]
+        speed = ratio_cell(*ratio(merits[ref].to, t, "model_s")[:2]) if ref else "—"
+        cells = [g.label, str(g.n), m.final.text(pct), m.last_k.text(pct), _ci([r.best_metric() for r in g.runs], pct),
+                 t.reached_text(), t.cell("step"), m.floats.text(fmt_num), _ci(vs_dense, lambda x: fmt_num(x) + "x"),
+                 t.cell("floats"), t.cell("model_s"), speed]
+        for _, v in against_baselines(ctx, merits, g, REFERENCE):
+            cells += verdict_texts(v, ctx.metric)
+        cells += [_ci([x.wall_s for x in totals if x], fmt_num),
+                  _ci([(r.summary or {}).get("wall_s") for r in g.runs], fmt_num)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def curate(exp: str, runs: list[Run], out: str, every: int) -> tuple[list[dict], str]:
+def summary_intro(k: int) -> str:
+    """summary.md's heading and the paragraph saying what its tables hold and how they are computed."""
+    return ("# Study summary\n\nMade by `python bench/reference.py` from the runs in this folder. Per setting: "
+            f"mean [95% CI] over seeds; 'last-{k} mean' is the mean of each run's last {k} evaluations, the "
+            f"headline metric. {CI_SENTENCE} {VERDICT_SENTENCE} Floats are per worker; 'to target' is at the first "
+            "evaluation reaching the target; modelled s = Σ over steps of the run's modelled step time (compute + "
+            "compression + alpha-beta communication at the experiment's network, overlapped with backward as DDP "
+            "does when the run's clock overlaps; each run's summary.json `clock` says which and where compute and "
+            "compression times came from); speedup vs Top-k 10x = its modelled s to target / this setting's; run "
+            "wall s includes start-up and evaluation, with two runs sharing the 2 cores. 'To target' cells of "
+            "settings where some seeds missed the target average the seeds that reached it and say so.\n\n")
+
+
+def curate(exp: str, runs: list[Run], out: str, every: int, k: int = LAST_K) -> tuple[list[dict], str]:
     """Copy one experiment's runs, write its runs.csv and curves.csv; returns the rows and its summary."""
     rows, curves, summary = [], [], []
     contexts = build_contexts(runs)
     for ctx in contexts:
-        summary.append(summary_table(exp, ctx))
+        summary.append(summary_table(exp, ctx, k))
         prefix = f"{ctx.slug}--" if len(contexts) > 1 else ""       # several cluster sizes or networks
         for g in ctx.groups:
             for run in g.runs:
                 name = f"{prefix}{g.slug}-s{run.cfg('train.seed', 0)}"
                 copy_run(run, os.path.join(out, exp, "runs", name))
-                rows.append(run_row(exp, g.label, run, ctx.target))
+                rows.append(run_row(exp, g.label, run, ctx.target, k))
                 curves += curve_rows(exp, g.label, run, every)
     write_csv(os.path.join(out, exp, "runs.csv"), rows, RUN_COLUMNS)
     write_csv(os.path.join(out, exp, "curves.csv"), curves, CURVE_COLUMNS)
     return rows, "\n".join(summary)
 
 
-def draw(folder: str, sources: list[str]) -> int:
+def draw(folder: str, sources: list[str], k: int = LAST_K) -> int:
     """plots/paper.py on the curated copies, run inside `folder` so its index names relative paths."""
     here = os.getcwd()
     os.chdir(folder)
     try:
         no_bench = [] if "compress_bench.csv" in sources else ["--no-bench"]  # never one found above
-        return paper.main(sources + ["--out", "plots", "--formats", "png", *no_bench])
+        return paper.main(sources + ["--out", "plots", "--formats", "png", "--last-k", str(k), *no_bench])
     finally:
         os.chdir(here)
 
@@ -241,29 +272,28 @@ def main(argv=None) -> int:
     out = os.path.normpath(args.out)
     tmp = out + ".new"
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    try:
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise OutputError(f"output folder {out} is a file, not a folder")
+        make_folder(tmp)
+    except OutputError as e:            # the same line as plots/paper.py's
+        print(f"error: {e}: give --out a folder you can write to (it is made if missing)", file=sys.stderr)
+        return 2
     sources, tables = [], []
     for exp in experiments:
         if chosen[exp]:
-            rows, summary = curate(exp, chosen[exp], tmp, args.every)
+            rows, summary = curate(exp, chosen[exp], tmp, args.every, args.last_k)
             print(f"{exp}: {len(rows)} run(s)")
             sources.append(os.path.join(exp, "runs"))
             tables.append(summary)
         else:
             print(f"{exp}: no completed run")
     with open(os.path.join(tmp, "summary.md"), "w") as f:
-        f.write("# Study summary\n\nMade by `python bench/reference.py` from the runs in this folder. Per setting: "
-                "mean ± sample sd over seeds. Floats are per worker; 'to target' is at the first evaluation "
-                "reaching the target; modelled s = Σ over steps of the run's modelled step time (compute + "
-                "compression + alpha-beta communication at the experiment's network, overlapped with backward "
-                "as DDP does when the run's clock overlaps; each run's summary.json `clock` says which and "
-                "where compute and compression times came from); speedup vs Top-k 10x = its modelled s to target / this setting's; "
-                "run wall s includes start-up and evaluation, with two runs sharing the 2 cores.\n\n"
-                + "\n".join(tables))
+        f.write(summary_intro(args.last_k) + "\n".join(tables))
     if args.bench and os.path.exists(args.bench):
         shutil.copyfile(args.bench, os.path.join(tmp, "compress_bench.csv"))
         sources.append("compress_bench.csv")
-    code = draw(tmp, sources)
+    code = draw(tmp, sources, args.last_k)
     if code:
         print("error: plots/paper.py could not draw from the curated runs; the previous reference is kept",
               file=sys.stderr)

@@ -11,14 +11,17 @@ sys.path.insert(0, ROOT)  # run from a plain checkout too, not only after `pip i
 
 import hydra  # noqa: E402
 
+from compressors.registry import PluginError  # noqa: E402
 from gravac import sweep  # noqa: E402
 from gravac.config import (  # noqa: E402
     ConfigError,
     check_composition,
     check_overrides,
+    expand_seeds,
     help_text,
     register_base,
 )
+from gravac.registry import registries  # noqa: E402
 
 CONF_DIR = os.path.join(ROOT, "conf")
 # jobs started elsewhere (joblib workers, SLURM jobs) find gravac and the sweeper plug-in too
@@ -30,15 +33,17 @@ main = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config"
 
 def cli() -> int:
     """Check the command line in one line per mistake, then run (or sweep); the exit code."""
-    if any(a in ("--help", "-h") for a in sys.argv[1:]):
-        print(help_text(CONF_DIR))
-        return 0
     try:
+        registries()   # the built-in and the user's plug-ins, loaded before anything reads them
+        if any(a in ("--help", "-h") for a in sys.argv[1:]):
+            print(help_text(CONF_DIR))
+            return 0
+        sys.argv[1:] = expand_seeds(sys.argv[1:])   # experiment.seeds=N: N seed replicas
         check_overrides(sys.argv[1:], CONF_DIR)
         register_base()
         if not any(a in ("--hydra-help", "--info") or a.startswith("--cfg") for a in sys.argv[1:]):
             check_composition(sys.argv[1:], CONF_DIR)
-    except ConfigError as e:
+    except (ConfigError, PluginError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     main()

@@ -2,7 +2,7 @@
 
 The flat tensor is cut into consecutive segments of the given sizes (the model's parameter
 numels), each compressed at the same CF by the inner compressor (each sends at least one
-element), and the pieces are joined into ONE payload with global indices, grouped by segment.
+element; an empty segment, a parameter of no elements, sends nothing), and the pieces are joined into ONE payload with global indices, grouped by segment.
 Segments run through the inner compressor's native-array selection, so a model with hundreds of
 parameter tensors costs one NaN/Inf check and one concatenation, not hundreds of payloads.
 """
@@ -24,8 +24,8 @@ class Layerwise(Compressor):
     def __init__(self, inner: Compressor, sizes: Sequence[int]) -> None:
         super().__init__(check_finite=inner.check_finite)
         sizes = [int(s) for s in sizes]
-        if not sizes or min(sizes) < 1:
-            raise ValueError("Layerwise needs a non-empty list of positive segment sizes")
+        if not sizes or min(sizes) < 0 or sum(sizes) < 1:
+            raise ValueError("Layerwise needs segment sizes >= 0, at least one of them positive")
         if isinstance(inner, Layerwise):
             raise ValueError("Layerwise cannot wrap another Layerwise")
         self.inner = inner

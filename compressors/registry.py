@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 
+class PluginError(ValueError):
+    """A plug-in cannot be loaded or registered; the message says which one and how to fix it,
+    in one line (entry points print it without a traceback)."""
+
+
 def option(default: Any = dataclasses.MISSING, *, check: Callable[[Any], bool] | None = None,
            valid: str = "", choices: tuple | None = None, factory: Callable[[], Any] | None = None):
     """A config field with its validation: `check(value)` must hold (`valid` says what is valid,
@@ -35,9 +40,16 @@ def field_errors(obj: Any, prefix: str) -> list[str]:
         choices, check = f.metadata.get("choices"), f.metadata.get("check")
         if choices is not None and value not in choices:
             out.append(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
-        elif check is not None and not check(value):
+        elif check is not None and not _holds(check, value):
             out.append(f"{key}={value!r} is out of range: must be {f.metadata.get('valid') or 'valid'}")
     return out
+
+
+def _holds(check: Callable[[Any], bool], value: Any) -> bool:
+    try:
+        return bool(check(value))
+    except (TypeError, ValueError):      # a value of the wrong type ("abc" >= 1) is not valid either
+        return False
 
 
 def own_fields(cls: type, base: type) -> list[str]:
@@ -84,7 +96,8 @@ class Registry:
         def deco(target):
             old = self._entries.get(name)
             if old is not None and _where(old.target) != _where(target):  # a module imported twice is fine
-                raise ValueError(f"{self.kind} {name!r} is already registered by {_where(old.target)}")
+                raise PluginError(f"{self.kind} {name!r} is already registered by {_where(old.target)}: "
+                                  f"register yours under another name")
             self._entries[name] = Entry(name, config, target, label or name, dict(extra), doc)
             return target
         return deco
@@ -127,12 +140,23 @@ def import_submodules(package: str) -> None:
 
 def import_plugins() -> None:
     """Import user plug-in modules named in $GRAVAC_PLUGINS (comma-separated) and the
-    `gravac_bench.plugins` entry points of installed packages."""
-    names = [n.strip() for n in os.environ.get("GRAVAC_PLUGINS", "").split(",") if n.strip()]
+    `gravac_bench.plugins` entry points of installed packages. A module that cannot be found or
+    imported, or that registers a taken name, raises one PluginError line naming it."""
+    names = [(n.strip(), "GRAVAC_PLUGINS") for n in os.environ.get("GRAVAC_PLUGINS", "").split(",") if n.strip()]
     try:
         from importlib.metadata import entry_points
-        names += [ep.value for ep in entry_points(group="gravac_bench.plugins")]
+        names += [(ep.value, f"entry point {ep.name!r} of group gravac_bench.plugins")
+                  for ep in entry_points(group="gravac_bench.plugins")]
     except Exception:  # pragma: no cover - metadata problems must not stop a run
         pass
-    for name in names:
-        importlib.import_module(name)
+    for name, source in names:
+        what = f"plug-in module {name!r} (from {source})"
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            if e.name and (name == e.name or name.startswith(e.name + ".")):
+                raise PluginError(f"{what} is not found: fix the name, or put the folder holding it on "
+                                  f"PYTHONPATH") from None
+            raise PluginError(f"{what} cannot be imported: {e}") from None
+        except PluginError as e:
+            raise PluginError(f"{what}: {e}") from None

@@ -4,6 +4,10 @@ Layout inside a run folder: `checkpoint/step-NNNNNNNN/rank-R.pt` (one file per p
 its local workers' state), and `checkpoint/latest` naming the newest *complete* step folder.
 `latest` is replaced atomically only after every process has written its file, so a kill during
 a save leaves the previous checkpoint in force.
+
+A checkpoint holds only tensors and plain values (dict, list, tuple, str, int, float, bool, None)
+and is loaded with `torch.load(weights_only=True)`: a crafted file, even with a matching checksum,
+cannot run code; a state that is not plain is refused when saved, not on resume.
 """
 from __future__ import annotations
 
@@ -11,14 +15,16 @@ import contextlib
 import errno
 import hashlib
 import os
+import pickle
 import re
 import shutil
 import signal
+from collections import OrderedDict
 
 import torch
 
 from gravac.errors import UserError
-from gravac.results import atomic_write
+from gravac.results import atomic_write, open_new, run_path
 
 
 class Checkpointer:
@@ -31,21 +37,23 @@ class Checkpointer:
 
     def __init__(self, run_dir: str | None, group=None):
         self.group = group      # None: only reads where the run stands (checkpoint_step)
-        self.root = os.path.join(run_dir, "checkpoint") if run_dir else None
+        self.dir = run_dir
+        self.root = run_path(run_dir, "checkpoint") if run_dir else None   # refused at once if it links out
         self.run = os.path.basename(os.path.normpath(run_dir)) if run_dir else ""
         self.rank = group.local_ranks[0] if group is not None else 0
 
     def _step_dir(self, step: int) -> str:
-        return os.path.join(self.root, f"step-{step:08d}")
+        return run_path(self.dir, "checkpoint", f"step-{step:08d}")
 
     def save(self, step: int, state: dict) -> None:
         """Write this process's state for `step` (the next step to run), then publish it."""
+        check_plain(state)
         d = self._step_dir(step)
         os.makedirs(d, exist_ok=True)
         final = os.path.join(d, f"rank-{self.rank}.pt")
         tmp = os.path.join(d, f".rank-{self.rank}.pt.tmp")
         try:
-            with open(tmp, "wb") as f:   # closed even when the write fails, so removing it frees the space
+            with open_new(tmp) as f:   # closed even when the write fails, so removing it frees the space
                 torch.save({"run": self.run, "step": step, "state": state}, f)
             atomic_write(final + ".sha256", _sha256(tmp) + "\n")
             os.replace(tmp, final)
@@ -61,10 +69,10 @@ class Checkpointer:
             raise
         self.group.barrier()  # every process has written before `latest` moves
         if self.group.is_main:
-            atomic_write(os.path.join(self.root, "latest"), os.path.basename(d) + "\n")
-            for old in os.listdir(self.root):
+            atomic_write(run_path(self.dir, "checkpoint", "latest"), os.path.basename(d) + "\n")
+            for old in os.listdir(run_path(self.dir, "checkpoint")):
                 if old.startswith("step-") and old != os.path.basename(d):
-                    shutil.rmtree(os.path.join(self.root, old), ignore_errors=True)
+                    shutil.rmtree(run_path(self.dir, "checkpoint", old), ignore_errors=True)
         self.group.barrier()
 
     def latest_step(self) -> int | None:
@@ -109,8 +117,12 @@ class Checkpointer:
             raise UserError(f"checkpoint file {path} is damaged (its SHA-256 differs from the one saved with it): "
                             "the run cannot be resumed; start a new run")
         try:
-            box = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:  # truncated or not a checkpoint at all
+            box = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # truncated, not a checkpoint at all, or naming what no checkpoint holds
+            found = re.search(r"GLOBAL ([\w.]+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
+            if found:
+                raise UserError(f"checkpoint file {path} holds {found.group(1)}, not only tensors and plain values: "
+                                "refusing to load it (it could run code); start a new run") from None
             raise UserError(f"checkpoint file {path} cannot be read ({type(e).__name__}): the run cannot be "
                             "resumed; start a new run") from None
         if not isinstance(box, dict) or "state" not in box or box.get("step") != step:
@@ -123,8 +135,12 @@ class Checkpointer:
 
 def checkpoint_step(run_dir: str) -> int | None:
     """The step the newest complete checkpoint in `run_dir` resumes at; None when it has none
-    (or its pointer is damaged): what a process reporting on a run it did not run can say."""
-    return Checkpointer(run_dir).resumable_step()
+    (or its pointer is damaged, or `checkpoint` links out of the folder): what a process
+    reporting on a run it did not run can say."""
+    try:
+        return Checkpointer(run_dir).resumable_step()
+    except UserError:
+        return None
 
 
 def stop_note(what: str, steps: int, checkpoint: int | None) -> str:
@@ -135,6 +151,28 @@ def stop_note(what: str, steps: int, checkpoint: int | None) -> str:
         return f"{where}; the checkpoint at step {checkpoint} resumes it"
     return f"{where}; nothing to resume" + (" (no checkpoint: train.checkpoint_every=N saves one every N steps)"
                                             if steps else "")
+
+
+PLAIN = (str, int, float, bool, type(None))
+
+
+def check_plain(obj, where: str = "state") -> None:
+    """Refuse (TypeError naming the entry) anything `torch.load(weights_only=True)` would not load
+    back: a method or plug-in whose state holds e.g. a numpy scalar or its own class must convert
+    it to tensors and plain values in its state_dict()."""
+    if isinstance(obj, torch.Tensor) or type(obj) in PLAIN:
+        return
+    if type(obj) in (dict, OrderedDict):
+        for k, v in obj.items():
+            check_plain(k, f"{where} key")
+            check_plain(v, f"{where}[{k!r}]")
+    elif type(obj) in (list, tuple):
+        for i, v in enumerate(obj):
+            check_plain(v, f"{where}[{i}]")
+    else:
+        raise TypeError(f"checkpoint {where} is a {type(obj).__module__}.{type(obj).__qualname__}: a checkpoint "
+                        "holds only tensors and plain values (dict, list, tuple, str, int, float, bool, None); "
+                        "convert it in the state_dict() that returns it")
 
 
 def _sha256(path: str) -> str:

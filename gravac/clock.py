@@ -15,15 +15,25 @@ import dataclasses
 
 import torch
 
-from gravac.profile import DeviceProfile, OpCosts, load_or_measure_profile, machine_key, profile_dir
+from gravac.errors import UserError
+from gravac.profile import (
+    DeviceProfile,
+    OpCosts,
+    fingerprint,
+    load_or_measure_profile,
+    machine_key,
+    profile_dir,
+)
 from gravac.timeline import Piece, buckets, schedule
 
 
 class Clock:
     """Times of every step of one run (see the module docstring)."""
 
-    def __init__(self, cfg, profile: DeviceProfile, costs: OpCosts, bucket_list: list[list[int]], group):
+    def __init__(self, cfg, profile: DeviceProfile, costs: OpCosts, bucket_list: list[list[int]], group,
+                 measured_profile: str | None = None):
         self.cfg, self.profile, self.costs, self.buckets, self.group = cfg, profile, costs, bucket_list, group
+        self.measured_profile = measured_profile    # the profile's cache key when this run measured it
         net = cfg.network
         self.modelled = net.enabled and net.time_source != "wall"
         self.overlap = net.overlap
@@ -32,24 +42,32 @@ class Clock:
     @classmethod
     def build(cls, cfg, workers, group, say=print) -> "Clock":
         """The device profile (cached, or measured now on rank 0 and shared), the cost table and
-        the DDP-style buckets of this run."""
+        the DDP-style buckets of this run. A named device (clock.machine) is read-only unless
+        clock.extend_machine (gravac/profile.py)."""
         c = cfg.clock
         threads = torch.get_num_threads()
-        machine = c.machine or machine_key(threads, cfg.cluster.device)
+        host = machine_key(threads, cfg.cluster.device)
+        machine = c.machine or host
         cache = profile_dir(c.cache_dir)
         key = (f"model={dataclasses.asdict(cfg.model)} dataset={cfg.dataset.name} input={workers.input_shape()} "
-               f"momentum={cfg.train.momentum} weight_decay={cfg.train.weight_decay}")
-        prof = None
+               f"momentum={cfg.train.momentum} weight_decay={cfg.train.weight_decay} "
+               f"params={fingerprint(workers.params)}")
+        label = (f"{cfg.model.name} on {cfg.dataset.name} (input {workers.input_shape()}, "
+                 f"{len(workers.params)} parameter tensors)")
+        named = dict(named=bool(c.machine), extend=c.extend_machine, host=host, say=say)
+        prof, problem = None, None
         if group.is_main:
-            prof = load_or_measure_profile(key, machine, cache, lambda: workers.measure_profile(c.repeats), c.repeats)
-            if prof.source == "calibrated":
-                say(f"device profile measured: forward {prof.forward_s * 1e3:.1f} ms, backward "
-                    f"{prof.backward_s * 1e3:.1f} ms, optimizer {prof.optimizer_s * 1e3:.1f} ms "
-                    f"(cached in {cache})")
-        prof = group.broadcast_object(prof)
+            try:
+                prof = load_or_measure_profile(key, machine, cache, lambda: workers.measure_profile(c.repeats),
+                                               c.repeats, parameters=len(workers.params), label=label, **named)
+            except UserError as e:      # every rank stops with rank 0's line, none waits in the broadcast
+                problem = str(e)
+        prof, problem = group.broadcast_object((prof, problem))
+        if problem:
+            raise UserError(problem)
         if c.compute_s > 0:
-            prof = prof.scaled(c.compute_s)
-        costs = OpCosts(group, cache, machine, repeats=c.repeats, mode=c.compress)
+            prof = prof.scaled(c.compute_s)       # keeps the key of the profile it scales
+        costs = OpCosts(group, cache, machine, repeats=c.repeats, mode=c.compress, **named)
         costs.share()
         net = cfg.network
         element = 4
@@ -58,7 +76,7 @@ class Clock:
             cap = workers.numel * element / net.buckets / 2**20
         first = min(net.first_bucket_mb, cap)
         bucket_list = buckets(workers.sizes, prof.backward_order, element, cap, first)
-        return cls(cfg, prof, costs, bucket_list, group)
+        return cls(cfg, prof, costs, bucket_list, group, prof.key if prof.source == "calibrated" else None)
 
     # --- per step -----------------------------------------------------------------------------
     @property
@@ -105,11 +123,21 @@ class Clock:
 
     def state_dict(self) -> dict:
         """The profile and cost table a resumed run continues with (exact even without the cache)."""
-        return {"profile": dataclasses.asdict(self.profile), "costs": dict(self.costs.table)}
+        return {"profile": dataclasses.asdict(self.profile), "costs": dict(self.costs.table),
+                "measured_here": self.measured_here()}
 
     def load_state_dict(self, state: dict) -> None:
         self.profile = DeviceProfile(**state["profile"])
         self.costs.table.update(state["costs"])
+        done = state.get("measured_here")     # older checkpoints lack it
+        if done:
+            self.measured_profile = self.measured_profile or done["profile"]
+            self.costs.measured[:0] = [k for k in done["op_costs"] if k not in self.costs.measured]
+
+    def measured_here(self) -> dict:
+        """What this run measured on its own host (rather than read from the cache): the profile's
+        key and the operations, with the host named; the rest of its numbers came from the cache."""
+        return {"host": self.costs.host, "profile": self.measured_profile, "op_costs": list(self.costs.measured)}
 
     def describe(self) -> dict:
         """summary.json's `clock`: what modelled time is made of and where each part came from."""
@@ -117,6 +145,7 @@ class Clock:
         sizes = [len(b) for b in self.buckets]
         return {"compute": c.compute, "compress": c.compress, "overlap": self.overlap,
                 "decides": self.decision_key, "profile": self.profile.describe(), "op_costs": self.costs.describe(),
+                "measured_here": self.measured_here(),
                 "buckets": {"count": len(self.buckets), "parameters_per_bucket": sizes,
                             "cap_mb": self.cfg.network.bucket_cap_mb, "first_mb": self.cfg.network.first_bucket_mb,
                             "requested": self.cfg.network.buckets},

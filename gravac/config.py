@@ -16,6 +16,7 @@ import dataclasses
 import math
 import os
 import secrets
+import types
 import typing
 from typing import Any, Mapping
 
@@ -106,7 +107,7 @@ def _build(cls: type, data: Mapping, path: str) -> Any:
 def _coerce(hint: Any, value: Any, key: str) -> Any:
     """Check `value` against a field's type hint, allowing int where float is expected."""
     origin = typing.get_origin(hint)
-    if origin is typing.Union:  # Optional[...]
+    if origin in (typing.Union, types.UnionType):  # Optional[...], X | None
         if value is None:
             return None
         hint = [a for a in typing.get_args(hint) if a is not type(None)][0]
@@ -180,14 +181,26 @@ def method_class(name: str):
     return registries()["method"][name].target
 
 
+def checked(cls: type, values: Mapping, path: str) -> Any:
+    """Dataclass `cls` from `values` with every check a config section gets: keys, types,
+    declared ranges and choices, the class's own cross-field rules; ConfigError names the first
+    problem as `path.key=value ...`. The DDP hooks (gravac/hooks.py) check their keywords here."""
+    obj = _build(cls, values, path)
+    _check_section(obj, path)
+    return obj
+
+
+def _check_section(section: Any, name: str) -> None:
+    problems = field_errors(section, name)
+    problems += section.errors(name) if hasattr(section, "errors") else []
+    if problems:
+        raise ConfigError(problems[0])
+
+
 def _check(run: RunConfig) -> None:
     """Field declarations, each plug-in's own cross-field rules, then rules across sections."""
     for name in SECTIONS:
-        section = getattr(run, name)
-        problems = field_errors(section, name)
-        problems += section.errors(name) if hasattr(section, "errors") else []
-        if problems:
-            raise ConfigError(problems[0])
+        _check_section(getattr(run, name), name)
     m, c = run.method, run.compressor
     if method_class(m.name).needs_compressor and c.name == NO_COMPRESSOR:
         usable = registries()["compressor"].names()
@@ -273,6 +286,28 @@ def group_options(group: str, conf_dir: str) -> list[str]:
         return sorted(list(registries()[group].names()) + extra)
     path = os.path.join(conf_dir, group)
     return sorted(f[:-5] for f in os.listdir(path) if f.endswith(".yaml")) if os.path.isdir(path) else []
+
+
+def expand_seeds(argv: list[str]) -> list[str]:
+    """`experiment.seeds=N` on the command line becomes the sweep `-m train.seed=0,...,N-1`: N seed
+    replicas of the setting (of every cell of a grid), which tables and figures group into a mean
+    with a 95% confidence interval. It is a command-line shorthand, not a config field."""
+    found = [a for a in argv if a.split("=", 1)[0] == "experiment.seeds"]
+    if not found:
+        return argv
+    if len(found) > 1:
+        raise ConfigError("experiment.seeds is given twice; give it once")
+    value = found[0].split("=", 1)[1]
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"experiment.seeds={value}: give the number of seed replicas, a whole number "
+                          "from 1 (experiment.seeds=3 runs train.seed=0,1,2)")
+    if any(a.split("=", 1)[0].lstrip("+~") == "train.seed" for a in argv):
+        raise ConfigError("experiment.seeds and train.seed are both given; use experiment.seeds=N for "
+                          "seeds 0..N-1 or -m train.seed=a,b,c for chosen seeds, not both")
+    rest = [a for a in argv if a != found[0]]
+    seeds = "train.seed=" + ",".join(str(i) for i in range(int(value)))
+    multirun = [] if any(a in ("-m", "--multirun") for a in rest) else ["-m"]
+    return multirun + rest + [seeds]
 
 
 def check_overrides(argv: list[str], conf_dir: str) -> None:

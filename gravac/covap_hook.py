@@ -13,14 +13,15 @@ the same one: no indices); a bucket with nothing kept returns zeros without comm
 `drop_rate` must be an integer (profile your communication/computation ratio and take its
 ceiling): "auto" needs the run's clock of bench/run.py. `state.last` adds `drop_rate`,
 `ef_factor`, `kept_shards` and `filtered` (false while the layout was being learnt) to the
-fields of gravac.hooks; `cf` counts a step that sent nothing as one float.
+fields of gravac.hooks; `cf` counts a step that sent nothing as one float. As every hook state,
+its options are checked like config and compared across ranks at the first bucket (gravac.hooks).
 """
 from __future__ import annotations
 
 import torch
 
 from compressors import Payload
-from compressors.registry import field_errors
+from gravac.config import checked
 from gravac.hooks import CompressionState, make_hook
 from gravac.methods.covap import (
     CovapCfg,
@@ -46,17 +47,19 @@ class CovapState(CompressionState):
         if drop_rate in ("auto", "overlap"):
             raise ValueError(f"covap hook: drop_rate={drop_rate!r} needs bench/run.py's clock; give an integer R "
                              "(the ceiling of your profiled communication/computation ratio)")
-        cfg = CovapCfg(name="covap", drop_rate=drop_rate, buckets=0, ef=ef, ef_init=ef_init, decay_step=decay_step)
-        errors = field_errors(cfg, "covap")
-        if errors:
-            raise ValueError(errors[0])
+        cfg = checked(CovapCfg, dict(name="covap", drop_rate=drop_rate, buckets=0, ef=ef, ef_init=ef_init,
+                                     decay_step=decay_step), "covap")
         super().__init__(process_group, None)
-        self.rate, self.ef = drop_rate, ef
-        d_init, d_step = ef_defaults(drop_rate)
-        self.ef_init = d_init if ef_init is None else ef_init
-        self.decay_step = d_step if decay_step is None else decay_step
+        self.rate, self.ef = cfg.drop_rate, cfg.ef
+        d_init, d_step = ef_defaults(cfg.drop_rate)
+        self.ef_init = d_init if cfg.ef_init is None else cfg.ef_init
+        self.decay_step = d_step if cfg.decay_step is None else cfg.decay_step
         self.residuals: dict[int, torch.Tensor] = {}
         self.layout: dict[int, tuple[int, int, int]] = {}    # index -> (numel, shards, first global shard)
+
+    def options(self) -> dict:
+        return {**super().options(), "drop_rate": self.rate, "ef": self.ef, "ef_init": self.ef_init,
+                "decay_step": self.decay_step}
 
     def _reset_step(self) -> None:
         super()._reset_step()

@@ -8,7 +8,19 @@
 A state takes a process group and plain keyword options: the compressor's (any registered name,
 its config fields: `granularity`, `error_feedback`, DGC's `sample_ratio`, ...) and, for GraVAC, the
 method's (`cf_min`, `cf_max`, `window`, `step`, `epsilon`, `omega`, `policy`, `ewma`, `gain`, ...;
-same defaults and checks as `method=gravac`). A wrong name or value raises one ValueError line.
+same defaults and checks as `method=gravac`). A wrong name, type or value raises one ValueError
+line, the config check's own (gravac.config.checked).
+
+Every rank must give its state the same options, `seed` included: a seeded compressor (Random-k
+with shared_indices, the default) draws the same positions on every rank from the seed and sends
+no indices, so `seed=rank` would scatter each rank's average to its own positions and the model
+copies would drift apart; a compressor that draws per rank (shared_indices=False) mixes in the
+rank itself. Differing options are refused, not overridden: at the first bucket every rank
+all-gathers a hash of its options (state kind, compressor and its options, cf, seed, momentum,
+GraVAC's or COVAP's options; once, not counted in `state.last`), and where they differ the hook
+raises one ValueError line naming each differing option with each rank's value, instead of the
+hang, gloo abort or silent drift that mismatched collectives give. Parameters with no elements
+(`nn.Parameter(torch.zeros(0))`) send nothing.
 After every backward, `state.last` says what this step sent: `floats_sent` per worker (values
 only, as everywhere in the suite), `wire_bytes` (padding, indices and counts included), `cf` =
 gradient elements / floats sent; `state.floats_total` sums the floats over all steps.
@@ -60,6 +72,8 @@ is one: `CovapState` and `covap_hook` in gravac/covap_hook.py.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, fields
 from typing import Callable
@@ -69,7 +83,8 @@ import torch.distributed as dist
 
 from compressors import COMPRESSORS, COUNT_BYTES, ErrorFeedback, Payload, from_config
 from compressors.base import mix_seed
-from compressors.registry import field_errors
+from compressors.registry import option
+from gravac.config import checked
 from gravac.comm import pack_sparse, sparse_mean, unpack_sparse
 from gravac.gains import (
     CodeGain,
@@ -84,8 +99,8 @@ __all__ = ["SparseState", "sparse_hook", "GraVACState", "gravac_hook", "Compress
 
 
 def compressor_cfg(name: str, **values):
-    """The registered compressor `name`'s config filled with `values`; a wrong name, option or
-    value raises one ValueError line saying what is valid."""
+    """The registered compressor `name`'s config filled with `values`; a wrong name, option,
+    type or value raises one ValueError line saying what is valid (gravac.config.checked)."""
     if name not in COMPRESSORS:
         raise ValueError(f"unknown compressor {name!r}; choose one of: {', '.join(COMPRESSORS.names())}")
     cls = COMPRESSORS[name].config
@@ -93,11 +108,15 @@ def compressor_cfg(name: str, **values):
     bad = sorted(set(values) - set(valid))
     if bad:
         raise ValueError(f"unknown option(s) {', '.join(bad)} for compressor {name!r}; valid: {', '.join(valid)}")
-    cfg = cls(name=name, **values)
-    errors = field_errors(cfg, "compressor")
-    if errors:
-        raise ValueError("; ".join(errors))
-    return cfg
+    return checked(cls, {"name": name, **values}, "compressor")
+
+
+@dataclass
+class HookOptions:
+    """The states' own keywords, declared and checked like config fields."""
+    seed: int = 0
+    momentum: float = option(0.0, check=lambda v: 0 <= v < 1, valid="in [0, 1)")
+    batch_size: int = option(1, check=lambda v: v >= 1, valid=">= 1")
 
 
 @dataclass
@@ -119,12 +138,12 @@ class CompressionState:
                 raise ValueError("no process group: call torch.distributed.init_process_group first, "
                                  "or pass one")
             process_group = dist.group.WORLD
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum={momentum!r} is out of range: must be in [0, 1)")
+        opts = checked(HookOptions, {"seed": seed, "momentum": momentum}, type(self).__name__)
         self.group, self.rank, self.world = process_group, process_group.rank(), process_group.size()
-        self.comp_cfg, self.seed = comp_cfg, int(seed)
+        self.comp_cfg, self.seed, self.momentum = comp_cfg, opts.seed, opts.momentum
+        self.agreed = self.world == 1            # options checked across ranks (at the first bucket)
         # comp_cfg None: a state that uses no registered compressor (COVAP, gravac/covap_hook.py)
-        self.memory_momentum = CompressingMethod.memory_momentum_of(comp_cfg, momentum) if comp_cfg else 0.0
+        self.memory_momentum = CompressingMethod.memory_momentum_of(comp_cfg, self.momentum) if comp_cfg else 0.0
         self.per_rank_seed = bool(comp_cfg) and COMPRESSORS[comp_cfg.name].target.from_config(comp_cfg).per_rank_seed
         self.slots: dict[int, Slot] = {}
         self.iteration = 0
@@ -151,6 +170,32 @@ class CompressionState:
             s = Slot(layout, sizes, from_config(self.comp_cfg, sizes), memory)
             self.slots[bucket.index()] = s
         return s
+
+    def options(self) -> dict:
+        """Everything that must be the same on every rank: the state's kind, the compressor and
+        its options, the seed (a seeded compressor draws the same positions on every rank from it;
+        one that draws per rank mixes in the rank itself) and the momentum."""
+        out = {"state": type(self).__name__, "seed": self.seed, "momentum": self.momentum}
+        if self.comp_cfg is not None:
+            out["compressor"] = self.comp_cfg.name
+            out.update((f.name, getattr(self.comp_cfg, f.name)) for f in fields(self.comp_cfg) if f.name != "name")
+        return out
+
+    def agree(self, bucket) -> None:
+        """Once, before the first bucket is sent: all-gather a hash of options(); where ranks
+        differ (their collectives would not match: a hang, a gloo abort, or model copies drifting
+        apart), gather the options themselves and raise one ValueError line naming the option."""
+        self.agreed = True
+        text = json.dumps(self.options(), sort_keys=True, default=repr).encode()
+        digest = int.from_bytes(hashlib.sha256(text).digest()[:8], "little", signed=True)
+        rows = [r.tolist() for r in
+                _allgather(self.group, self.world, torch.tensor([digest, len(text)], device=bucket.buffer().device))]
+        if all(r[0] == digest for r in rows):
+            return
+        buf = torch.zeros(max(r[1] for r in rows), dtype=torch.uint8, device=bucket.buffer().device)
+        buf[:len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        every = [json.loads(bytes(b[:r[1]].tolist())) for b, r in zip(_allgather(self.group, self.world, buf), rows)]
+        raise ValueError(differing_options(every, type(self).__name__))
 
     def seed_for(self, index: int, level: int = 0) -> int:
         """Seed of bucket `index` at this step and `level`: common to all ranks unless the
@@ -215,12 +260,36 @@ class CompressionState:
         return self.group.allgather([bufs], [buf]).get_future().then(finish)
 
 
+def _allgather(group, world: int, t: torch.Tensor) -> list[torch.Tensor]:
+    out = [torch.empty_like(t) for _ in range(world)]
+    group.allgather([out], [t]).wait()
+    return out
+
+
+def differing_options(every: list[dict], state: str) -> str:
+    """One line naming the options that differ between ranks (`every`: each rank's options),
+    with rank 0's value and those of (up to 3) ranks that differ from it."""
+    parts = []
+    for k in dict.fromkeys(k for opts in every for k in opts):
+        values = [json.dumps(opts.get(k, "(not given)")) for opts in every]
+        odd = [r for r, v in enumerate(values) if v != values[0]]
+        if odd:
+            shown = ", ".join(f"rank {r}: {values[r]}" for r in [0, *odd[:3]]) + (", ..." if len(odd) > 3 else "")
+            parts.append(f"{k} ({shown})")
+    seed = " (the seed too: a seeded compressor draws the same positions on every rank from it)" \
+        if any(p.startswith("seed ") for p in parts) else ""
+    return (f"hook options differ between ranks: {'; '.join(parts)}; give every rank's {state} the same "
+            f"options{seed}")
+
+
 def make_hook(state_cls: type) -> Callable:
     """The DDP comm hook for states of `state_cls`: per bucket begin, choose, send; end_step
     after the last bucket."""
     def hook(state, bucket):
         if not isinstance(state, state_cls):
             raise TypeError(f"this hook needs a {state_cls.__name__}, got {type(state).__name__}")
+        if not state.agreed:
+            state.agree(bucket)
         state.begin(bucket)
         buf = bucket.buffer()
         p = state.choose(state.slot(bucket), buf, bucket)
@@ -239,14 +308,19 @@ class SparseState(CompressionState):
     """Static compression with error feedback: compressor `compressor` at CF `cf` every step.
 
     Keywords: `compressor` (a registered name), `cf` (dense size / sent size; settable between
-    steps), `granularity` ("layer": per parameter tensor, or "flat": per bucket), `error_feedback`,
-    `seed`, `momentum` (DGC's momentum correction), and the compressor's own options.
+    steps, every rank alike), `granularity` ("layer": per parameter tensor, or "flat": per bucket),
+    `error_feedback`, `seed` (the same on every rank: checked at the first bucket, see the module
+    docstring), `momentum` (DGC's momentum correction), and the compressor's own options.
     """
 
     def __init__(self, process_group=None, *, compressor: str = "topk", cf: float = 100.0,
                  seed: int = 0, momentum: float = 0.0, **options):
-        super().__init__(process_group, compressor_cfg(compressor, cf=cf, **options), seed=seed, momentum=momentum)
-        self.cf = float(cf)
+        comp_cfg = compressor_cfg(compressor, cf=cf, **options)
+        super().__init__(process_group, comp_cfg, seed=seed, momentum=momentum)
+        self.cf = comp_cfg.cf
+
+    def options(self) -> dict:
+        return {**super().options(), "cf": self.cf}
 
     def choose(self, slot: Slot, grad: torch.Tensor, bucket) -> Payload:
         comp = slot.memory.compensate(grad)
@@ -275,14 +349,11 @@ class GraVACState(CompressionState):
         comp_opts = {k: v for k, v in options.items() if k not in method_keys}
         if "cf" in comp_opts:
             raise ValueError("GraVAC chooses its own CF: give cf_min and cf_max instead of cf")
-        cfg = GraVACCfg(name="gravac", **{k: v for k, v in options.items() if k in method_keys})
-        errors = field_errors(cfg, "gravac") + cfg.errors("gravac")
-        if errors:
-            raise ValueError("; ".join(errors))
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} is out of range: must be >= 1")
+        cfg = checked(GraVACCfg, {"name": "gravac", **{k: v for k, v in options.items() if k in method_keys}},
+                      "gravac")
+        batch_size = checked(HookOptions, {"batch_size": batch_size}, type(self).__name__).batch_size
         super().__init__(process_group, compressor_cfg(compressor, **comp_opts), seed=seed, momentum=momentum)
-        self.cfg, self.batch_size = cfg, int(batch_size)
+        self.cfg, self.batch_size = cfg, batch_size
         self.code = cfg.gain == "code"
         self.ctl = controller_for(cfg, self.world)
         self.code_min, self.code_c = CodeGain(cfg.gain_window, cfg.gain_alpha), CodeGain(cfg.gain_window, cfg.gain_alpha)
@@ -291,6 +362,11 @@ class GraVACState(CompressionState):
         self._pending = None                     # (step, Future of the gathered sums)
         self._t_last: float | None = None
         self._sums = [0.0] * 6
+
+    def options(self) -> dict:
+        out = {**super().options(), "batch_size": self.batch_size}
+        out.pop("cf")                             # not used: GraVAC chooses
+        return {**out, **{f.name: getattr(self.cfg, f.name) for f in fields(self.cfg) if f.name != "name"}}
 
     def begin(self, bucket) -> None:
         if self._pending is not None:

@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -30,6 +31,7 @@ from gravac.results import (
     atomic_write,
     make_run_dir,
     read_jsonl,
+    run_path,
 )
 from gravac.schema import RunConfig
 from gravac.sweep import cores
@@ -56,7 +58,7 @@ def _device(cfg: RunConfig, local_rank: int) -> torch.device:
 
 # keys a resumed run may change: bookkeeping, not what is being measured
 RESUMABLE = ("experiment.resume", "experiment.run_id", "experiment.results_root", "logger.", "train.steps",
-             "train.epochs", "cluster.timeout_s", "cluster.threads", "setting.")
+             "train.epochs", "cluster.timeout_s", "cluster.threads", "clock.extend_machine", "setting.")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -130,7 +132,7 @@ def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") 
     say = print if group.is_main else (lambda *a, **k: None)
     try:
         if group.is_main and not cfg.experiment.resume:
-            atomic_write(os.path.join(run_dir, "command.txt"), command + "\n")
+            atomic_write(run_path(run_dir, "command.txt"), command + "\n")
         resume_cmd = resume_command(command, run_dir)
         say(f"results: {run_dir}")
         summary = train(cfg, group, device, writer, tracker_factory, say=say,
@@ -258,9 +260,18 @@ def _shutdown(dist) -> None:
     dist.destroy_process_group()
 
 
+def loopback_interface() -> str:
+    """This machine's loopback interface: `lo` on Linux, `lo0` on macOS and the BSDs."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((n for n in ("lo", "lo0") if n in names), "lo")
+
+
 def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, command: str) -> None:
-    """Entry point of a spawned worker process (must live in an importable module)."""
+    """Entry point of a spawned worker process (must live in an importable module). The workers
+    of a one-machine run talk over loopback only: left to itself, gloo (and NCCL's bootstrap)
+    listens on the address the host name resolves to, which may be reachable from the network."""
     import torch.distributed as dist
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback_interface()
     world = cfg.cluster.workers
     torch.set_num_threads(cfg.cluster.threads or max(1, cores() // world))
     try:
@@ -363,9 +374,21 @@ def _join(ctx) -> tuple[int, int] | None:
             continue  # the workers got the signal too and stop together; their exit code tells
 
 
-def _read_summary(run_dir: str) -> dict:
+def _summary_path(run_dir: str) -> str | None:
+    """run_dir/summary.json, or None when a link out of the folder stands in the way (the run's
+    own error says so)."""
     try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
+        return run_path(run_dir, "summary.json")
+    except UserError:
+        return None
+
+
+def _read_summary(run_dir: str) -> dict:
+    path = _summary_path(run_dir)
+    if path is None:
+        return {}
+    try:
+        with open(path) as f:
             summary = json.load(f)
     except (OSError, json.JSONDecodeError):
         return {}
@@ -400,7 +423,9 @@ def settle(run_dir: str, status: str, what: str) -> tuple[str, str, str]:
 def _mark_failed(run_dir: str, reason: str, diagnosis: bool = False, status: str = "failed", resume: str = "") -> None:
     """Record in summary.json that a peer failed (rank 0 may have been killed mid-write), or
     another end the run could not record itself (`status`, with its resume command)."""
-    path = os.path.join(run_dir, "summary.json")
+    path = _summary_path(run_dir)
+    if path is None:
+        return
     summary = _read_summary(run_dir)
     if not os.path.isdir(run_dir):
         return

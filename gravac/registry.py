@@ -20,8 +20,12 @@ def registries() -> dict[str, Registry]:
     from gravac.methods.base import METHODS
     from gravac.models.registry import MODELS
     if not _loaded:
-        _loaded = True
-        for package in ("gravac.methods", "gravac.models", "gravac.data"):
-            import_submodules(package)
-        import_plugins()
+        _loaded = True         # first, so that a plug-in calling registries() does not recurse
+        try:
+            for package in ("gravac.methods", "gravac.models", "gravac.data"):
+                import_submodules(package)
+            import_plugins()
+        except BaseException:  # e.g. PluginError: the next call tries again
+            _loaded = False
+            raise
     return {"compressor": COMPRESSORS, "method": METHODS, "model": MODELS, "dataset": DATASETS}

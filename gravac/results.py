@@ -3,10 +3,15 @@
 Records are appended one JSON line at a time and flushed, so a killed run leaves every line but
 possibly a torn last one (readers skip it); the config and summary are replaced atomically
 (temp file + rename), so they are always either the old or the new complete version.
+
+Every path written, renamed or deleted under a run folder comes from `run_path`, which refuses a
+symbolic link leading out of the folder; temporary files are created new (O_EXCL, O_NOFOLLOW),
+never opened through a link.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -19,13 +24,40 @@ import yaml
 from gravac.errors import UserError
 
 
+def run_path(run_dir: str, *parts: str) -> str:
+    """os.path.join(run_dir, *parts), after checking that no symbolic link on the way leads out of
+    the run folder, so a link planted in it (`.lock` to another file, `checkpoint/` to another
+    folder) never makes a write, rename or delete land outside. A UserError names the link."""
+    path = os.path.join(run_dir, *parts)
+    root = os.path.realpath(run_dir)
+    if os.path.commonpath([root, os.path.realpath(path)]) == root:
+        return path
+    link = next(p for p in (os.path.join(run_dir, *parts[:i + 1]) for i in range(len(parts)))
+                if os.path.commonpath([root, os.path.realpath(p)]) != root)
+    raise UserError(f"{link} is a symbolic link out of the run folder (to {os.path.realpath(link)}): refusing to "
+                    "write through it; remove the link, then run again")
+
+
+def open_new(path: str):
+    """`path` created anew for writing (binary), never through a symbolic link: a stale file or
+    link of that name (a killed writer's temporary) is removed first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileExistsError:
+        os.remove(path)   # removes a link itself, not what it points to
+        fd = os.open(path, flags, 0o644)
+    return os.fdopen(fd, "wb")
+
+
 def atomic_write(path: str, data: str | bytes) -> None:
     """Write `data` (text as UTF-8) to `path` so that readers never see a partial file, even
-    after a crash: a synced temporary file in the same folder, renamed into place. Every result
-    file (runs, plots, benchmark CSVs) is written through here."""
+    after a crash: a synced temporary file in the same folder, renamed into place (the rename
+    replaces a link at `path`, it does not write through it). Every result file (runs, plots,
+    benchmark CSVs) is written through here."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
+        with open_new(tmp) as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
@@ -53,6 +85,9 @@ def make_run_dir(root: str, experiment: str, run_id: str, tag: str) -> str:
     try:
         os.makedirs(base, exist_ok=True)
     except OSError as e:   # a file on the way (/dev/null), no permission, a full or read-only disk
+        if e.errno == errno.ENAMETOOLONG:   # a filesystem with shorter names than the config check knows
+            raise UserError(f"cannot create results folder {base}: a name in it is too long for this "
+                            "filesystem; shorten experiment.name (or experiment.results_root)") from None
         raise UserError(f"cannot create results folder {base}: {e.strerror}; set experiment.results_root "
                         "to a writable folder") from None
     for _ in range(100):
@@ -77,7 +112,7 @@ class RunLock:
 
     def __init__(self, run_dir: str):
         import fcntl
-        self.path = os.path.join(run_dir, ".lock")
+        self.path = run_path(run_dir, ".lock")
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -101,10 +136,13 @@ class RunWriter:
     def __init__(self, run_dir: str, config: dict):
         self.dir = run_dir
         if not os.path.exists(os.path.join(run_dir, "config.yaml")):  # a resumed run keeps its own
-            atomic_write(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(config, sort_keys=False))
-        self._steps = open(os.path.join(run_dir, "steps.jsonl"), "a", buffering=1)
-        self._evals = open(os.path.join(run_dir, "evals.jsonl"), "a", buffering=1)
+            atomic_write(run_path(run_dir, "config.yaml"), yaml.safe_dump(config, sort_keys=False))
+        self._steps, self._evals = self._append("steps.jsonl"), self._append("evals.jsonl")
         self._ready = None
+
+    def _append(self, name: str):
+        """The run's record file `name`, opened for appending one line at a time."""
+        return open(run_path(self.dir, name), "a", buffering=1)
 
     def step(self, record: dict) -> None:
         self._steps.write(json.dumps(_clean(record)) + "\n")
@@ -112,7 +150,7 @@ class RunWriter:
     def ready(self, record: dict) -> None:
         """ready.jsonl: every worker's gradient-ready times of a step (clock.record_ready)."""
         if self._ready is None:
-            self._ready = open(os.path.join(self.dir, "ready.jsonl"), "a", buffering=1)
+            self._ready = self._append("ready.jsonl")
         self._ready.write(json.dumps(_clean(record)) + "\n")
 
     def eval(self, record: dict) -> None:
@@ -124,18 +162,18 @@ class RunWriter:
         self.close()
         for name, keep in (("steps.jsonl", lambda r: r["step"] < step), ("evals.jsonl", lambda r: r["step"] <= step),
                            ("ready.jsonl", lambda r: r["step"] < step)):
-            path = os.path.join(self.dir, name)
+            path = run_path(self.dir, name)
             kept = [r for r in read_jsonl(path) if keep(r)] if os.path.exists(path) else []
             atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
-        self._steps = open(os.path.join(self.dir, "steps.jsonl"), "a", buffering=1)
-        self._evals = open(os.path.join(self.dir, "evals.jsonl"), "a", buffering=1)
+        self._steps, self._evals = self._append("steps.jsonl"), self._append("evals.jsonl")
 
     def save_model(self, state: dict) -> None:
         """Final weights as model.pt (written to a temp file, then renamed)."""
         import torch
-        tmp = os.path.join(self.dir, f".model.pt.tmp.{os.getpid()}")
-        torch.save(state, tmp)
-        os.replace(tmp, os.path.join(self.dir, "model.pt"))
+        tmp = run_path(self.dir, f".model.pt.tmp.{os.getpid()}")
+        with open_new(tmp) as f:
+            torch.save(state, f)
+        os.replace(tmp, run_path(self.dir, "model.pt"))
 
     def records(self) -> list[dict]:
         """Every step record of the run so far (steps.jsonl), for the method's closing explanation."""
@@ -143,7 +181,7 @@ class RunWriter:
         return read_jsonl(os.path.join(self.dir, "steps.jsonl"))
 
     def summary(self, summary: dict) -> None:
-        atomic_write(os.path.join(self.dir, "summary.json"), json.dumps(_clean(summary), indent=2) + "\n")
+        atomic_write(run_path(self.dir, "summary.json"), json.dumps(_clean(summary), indent=2) + "\n")
 
     def close(self) -> None:
         self._steps.close()

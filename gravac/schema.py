@@ -73,8 +73,17 @@ class ClockCfg:
     repeats: int = option(5, check=lambda v: v >= 1, valid=">= 1")       # calibration repetitions (median)
     cache_dir: str = ""                 # "" -> $GRAVAC_CACHE_DIR/profiles, else ~/.cache/gravac-bench/profiles
     machine: str = ""                   # "" -> this host (torch, device, threads, CPU); a name pins the cached
-                                        # profile and costs to a stated device, whatever host reads them
+                                        # profile and costs to a stated device, whatever host reads them; it is
+                                        # read-only: a profile or op cost it lacks is refused, not measured
+    extend_machine: bool = False        # true: measure on this host what clock.machine lacks (or a new name's
+                                        # everything) and add it to that device's files, printing each addition
     record_ready: bool = True           # write ready.jsonl: every worker's gradient-ready offsets per step
+
+    def errors(self, prefix: str) -> list[str]:
+        if self.extend_machine and not self.machine:
+            return [f"{prefix}.extend_machine=true adds to a named device: set {prefix}.machine=NAME too "
+                    "(this host's own cache adds what it lacks without it)"]
+        return []
 
 
 @dataclass
@@ -88,6 +97,7 @@ class TrainCfg:
     milestones: list = option(check=lambda v: all(isinstance(m, int) and m >= 1 for m in v),
                               valid="a list of step numbers >= 1", factory=list)   # lr *= gamma at each
     gamma: float = option(0.1, check=lambda v: 0 < v <= 1, valid="in (0, 1]")
+    warmup_steps: int = option(0, check=lambda v: v >= 0, valid=">= 0")   # linear lr warm-up; 0 -> none
     steps: int = option(300, check=lambda v: v >= 1, valid=">= 1")              # total steps; epochs > 0 overrides
     epochs: float = option(0.0, check=lambda v: v >= 0, valid=">= 0")
     eval_every: int = option(100, check=lambda v: v >= 1, valid=">= 1")         # steps between evaluations (+ at the end)
@@ -109,6 +119,8 @@ class LoggerCfg:
     entity: str = ""
 
 
+#: Longest folder name, in bytes, of the usual Linux filesystems (ext4, xfs, btrfs, tmpfs).
+NAME_MAX = 255
 _COMPONENT = "one folder name: no '/' or '\\', not '.' or '..' (results stay under experiment.results_root)"
 
 
@@ -125,6 +137,15 @@ class ExperimentCfg:
     run_id: str = option("", check=lambda v: v == "" or _one_component(v), valid=_COMPONENT)  # "" -> generated
     resume: str = ""                    # a run folder to continue from its latest checkpoint
     tags: list = field(default_factory=list)
+
+    def errors(self, prefix: str) -> list[str]:
+        """name and run_id become folder names: the filesystem takes at most NAME_MAX bytes each."""
+        for key in ("name", "run_id"):
+            n = len(getattr(self, key).encode())
+            if n > NAME_MAX:
+                return [f"{prefix}.{key} is {n} bytes long, too long for a folder name (at most {NAME_MAX} "
+                        f"bytes, UTF-8): choose a shorter {prefix}.{key}"]
+        return []
 
 
 @dataclass

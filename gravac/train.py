@@ -29,8 +29,10 @@ from gravac.workers import Workers
 
 
 def lr_at(cfg: TrainCfg, step: int) -> float:
-    """Multi-step schedule: lr × gamma^(milestones passed)."""
-    return cfg.lr * cfg.gamma ** sum(step >= m for m in cfg.milestones)
+    """Multi-step schedule lr × gamma^(milestones passed), scaled by (step + 1) / warmup_steps during
+    a linear warm-up (Goyal et al. 2017): deep models such as ResNet101 diverge at first without it."""
+    warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+    return cfg.lr * warm * cfg.gamma ** sum(step >= m for m in cfg.milestones)
 
 
 @dataclass

@@ -6,6 +6,9 @@ Modules:
 - load.py    reads run folders (config.yaml, steps.jsonl, evals.jsonl, summary.json) into `Run`
              records, groups seed replicas into settings (`Group`) and comparable settings into
              contexts (`Context`), and answers "when was the target first reached";
+- stats.py   estimates (mean or IQM, bootstrap 95% CI) and comparisons (CI of a difference or ratio,
+             probability of improvement, verdict; censored times to target) over seed replicas;
+- merit.py   a setting's figures of merit and its verdicts against a baseline;
 - tables.py  the paper's tables (communication savings, static compression, multi-level);
 - figures.py the paper's figures (cumulative floats, gains, chosen CF, time to accuracy);
 - bench.py   reads the compression micro-benchmark CSV (direct vs multi-level);
@@ -20,6 +23,7 @@ Conventions every output follows (also written into the output's README.md):
 - wall time = Σ step_wall_s (compute + compression + measured communication), modelled time =
   Σ step_model_s (compute + compression + alpha-beta communication); evaluation time excluded.
 - runs whose resolved config differs only in seeds (train.seed, dataset.seed), paths, logging or
-  options the method ignores are replicas of one setting: figures show their mean with a min-max
-  band, tables show mean ± sample standard deviation over the replicas that reached the target.
+  options the method ignores are replicas of one setting: figures show their mean with a shaded
+  95% confidence band, tables the mean [95% CI] (stats.py) and verdicts against Dense and the
+  reference setting (merit.py); to-target figures over the replicas that reached the target.
 """

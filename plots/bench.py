@@ -5,8 +5,9 @@ The reader is tolerant of column names, because the benchmark and this script ev
   column whose values contain "direct" and "multi"), a time column (`*_s`, `*_ms`, `time`,
   `seconds`, `median`, `mean`), a compressor column and a model/size column;
 - wide form: a time column whose name contains "direct" and one containing "multi".
-Repeated measurements of one (model, compressor, CF) are summarised by their median. When the
-needed columns are missing, `multilevel_rows` raises `BenchFormatError` with what was found.
+Repeated measurements of one (model, compressor, CF) are summarised by their median (and kept, as
+`direct_all` / `multi_all`, for the figure's error bars). When the needed columns are missing,
+`multilevel_rows` raises `BenchFormatError` with what was found.
 """
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ def _pair(cols, rows, path, entity, comp, cf) -> list[dict]:
         ds, ms = statistics.median(dv), statistics.median(mv)
         row = {"model": ent or "-", "compressor": c, "label": compressor_label(c, labels.get(c)),
                "cf": f if math.isfinite(f) else "-", "direct_s": ds, "multilevel_s": ms,
-               "speedup": ds / ms if ms > 0 else math.nan, **where}
+               "speedup": ds / ms if ms > 0 else math.nan, "direct_all": dv, "multi_all": mv, **where}
         r2 = second.get((ent, c, f))
         if r2 is not None:  # the second level alone: C(g, final CF) vs recompressing the first payload
             row["high_s"], row["recompress_s"] = _float(r2["direct_high_s"]), _float(r2["recompress_s"])

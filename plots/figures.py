@@ -1,14 +1,14 @@
 """The paper's figures, one function per figure, each returning a matplotlib Figure.
 
 Sized for a paper column (3.5 in wide, text ≥ 7 pt), legends below the axes so they never hide
-data. Replicas of a setting are drawn as their mean with a min-max band. A function that lacks
+data. Replicas of a setting are drawn as their mean with a shaded 95% confidence band of the mean
+over seeds (plots/stats.py's bootstrap, the tables' CI), as the subtitle says. A function that lacks
 the data it needs raises `Skip(reason)`; the command reports the reason and carries on.
 """
 from __future__ import annotations
 
 import math
 import textwrap
-import warnings
 from dataclasses import dataclass
 
 import matplotlib
@@ -24,6 +24,7 @@ from plots.labels import (METRIC_AXIS, compressor_label, fmt_cf, metric_scale,  
 from plots.bench import timed_on  # noqa: E402
 from plots.load import Run  # noqa: E402
 from plots.settings import Context, Group  # noqa: E402
+from plots.stats import band, estimate, ratio_estimate  # noqa: E402
 
 WIDTH = 3.5
 MAX_POINTS = 3000   # longer series are thinned for drawing (after smoothing)
@@ -72,11 +73,20 @@ def _matrix(arrays: list[np.ndarray]) -> np.ndarray:
     return m
 
 
-def _stats(m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, min and max over replicas (rows), ignoring missing values."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmean(m, axis=0), np.nanmin(m, axis=0), np.nanmax(m, axis=0)
+def _curve(m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(iteration, mean, CI low, CI high) of a replicas x steps matrix, thinned for drawing first
+    so the bootstrap runs only at drawn points; the band is the 95% CI of the mean over seeds."""
+    idx = _thin_index(m.shape[1])
+    return (idx + 1.0, *band(m[:, idx]))
+
+
+def _band_note(groups: list[Group]) -> str:
+    """The subtitle's word on the shading, when some setting has several seeds."""
+    return "shaded: 95% CI of the mean over seeds (bootstrap)" if any(g.n > 1 for g in groups) else ""
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
 
 
 def smooth(x: np.ndarray, w: int) -> np.ndarray:
@@ -98,11 +108,15 @@ def auto_window(n: int, requested: int) -> int:
     return requested if requested > 0 else max(1, n // 50)
 
 
-def _thin(*arrays: np.ndarray):
-    n = len(arrays[0])
+def _thin_index(n: int) -> np.ndarray:
+    """Indices of at most MAX_POINTS evenly spread points of a series of n (all of a short one)."""
     if n <= MAX_POINTS:
-        return arrays
-    idx = np.unique(np.linspace(0, n - 1, MAX_POINTS).astype(int))
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, MAX_POINTS).astype(int))
+
+
+def _thin(*arrays: np.ndarray):
+    idx = _thin_index(len(arrays[0]))
     return tuple(a[idx] for a in arrays)
 
 
@@ -132,7 +146,7 @@ def label_n(g: Group) -> str:
 
 @dataclass(eq=False)
 class Series:
-    """One setting's curve in a figure: its points, the replicas' min-max band, its legend text."""
+    """One setting's curve in a figure: its points, the 95% CI band over its replicas, its legend text."""
     group: Group
     x: np.ndarray
     mean: np.ndarray
@@ -251,7 +265,7 @@ def cumulative_figure(ctx: Context, key: str = "floats_sent", what: str = "float
         raise Skip(f"no run has '{key}' in steps.jsonl")
     st = styles(ctx.groups)
     mats = {g: _matrix([r.cumulative(key) for r in g.runs]) for g in groups}
-    series = [Series(g, np.arange(1, m.shape[1] + 1), *_stats(m)) for g, m in mats.items()]
+    series = [Series(g, *_curve(m)) for g, m in mats.items()]
     plan = legend_plan(series)
     n_lines, longest = _legend_size(plan[1])
     fig, (ax,), ncol = _new(n_lines + 1, label_len=longest)
@@ -273,7 +287,7 @@ def cumulative_figure(ctx: Context, key: str = "floats_sent", what: str = "float
         handles.append(Line2D([], [], marker="*", linestyle="", color="0.6", markersize=6,
                               markeredgecolor="black", markeredgewidth=0.4))
         labels.append("target reached")
-    _title(fig, ctx.title)
+    _title(fig, ctx.title, _band_note(groups))
     _legend(fig, handles, labels, ncol)
     return fig
 
@@ -311,22 +325,25 @@ def _metric_axis(ax, ctx: Context) -> None:
 
 
 def _time_series(g: Group, time_key: str, scale: float) -> Series:
-    """A setting's metric at each evaluation against its mean cumulative time there."""
+    """A setting's metric at each evaluation (mean and 95% CI over seeds) against its mean cumulative
+    time there."""
     pts = [_eval_points(r, time_key) for r in g.runs]
     steps = sorted({s for p in pts for s in p})
     t = np.array([np.mean([p[s][0] for p in pts if s in p]) for s in steps])
-    vals = [[p[s][1] * scale for p in pts if s in p] for s in steps]
-    return Series(g, t, np.array([np.mean(v) for v in vals]), np.array([min(v) for v in vals]),
-                  np.array([max(v) for v in vals]))
+    return Series(g, t, *band(_eval_matrix([{s: v[1] * scale for s, v in p.items()} for p in pts], steps)))
 
 
 def _step_series(g: Group, scale: float) -> Series:
-    """A setting's metric at each evaluation against the iteration."""
+    """A setting's metric at each evaluation against the iteration (mean and 95% CI over seeds)."""
     per_run = [dict(zip(*r.eval_series())) for r in g.runs]
     steps = sorted({int(s) for p in per_run for s in p})
-    vals = [[p[s] * scale for p in per_run if s in p] for s in steps]
-    return Series(g, np.array(steps, dtype=float), np.array([np.mean(v) for v in vals]),
-                  np.array([min(v) for v in vals]), np.array([max(v) for v in vals]))
+    return Series(g, np.array(steps, dtype=float), *band(_eval_matrix(
+        [{s: v * scale for s, v in p.items()} for p in per_run], steps)))
+
+
+def _eval_matrix(per_run: list[dict], steps: list[int]) -> np.ndarray:
+    """Replicas x evaluation steps, NaN where a replica has no evaluation at a step."""
+    return np.array([[p.get(s, np.nan) for s in steps] for p in per_run], dtype=float).reshape(len(per_run), len(steps))
 
 
 def time_to_accuracy_figure(ctx: Context, time_key: str):
@@ -355,7 +372,7 @@ def time_to_accuracy_figure(ctx: Context, time_key: str):
     else:
         backends = sorted({str((r.summary or {}).get("backend") or r.cfg("cluster.backend", "?")) for r in ctx.runs})
         sub = f"time = compute + compression + measured comm. (backend {', '.join(backends)})"
-    _title(fig, ctx.title, sub)
+    _title(fig, ctx.title, _join(sub, _band_note(groups)))
     _legend(fig, handles, labels, ncol)
     return fig
 
@@ -374,7 +391,7 @@ def metric_vs_steps_figure(ctx: Context):
     _target_line(ax, ctx, handles, labels)
     _metric_axis(ax, ctx)
     _iteration_axis(ax)
-    _title(fig, ctx.title)
+    _title(fig, ctx.title, _band_note(groups))
     _legend(fig, handles, labels, ncol)
     return fig
 
@@ -384,7 +401,7 @@ def metric_vs_steps_figure(ctx: Context):
 
 def _gain_series(g: Group, window: int) -> Series:
     m = _matrix([smooth(r.column("gain"), window) for r in g.runs])
-    return Series(g, np.arange(1, m.shape[1] + 1), *_stats(m))
+    return Series(g, *_curve(m))
 
 
 def static_gain_figure(ctx: Context, window: int = 0):
@@ -409,7 +426,8 @@ def static_gain_figure(ctx: Context, window: int = 0):
         ax.set_ylabel(f"Gain ({first.setting.get('compressor_label', comp)})")
         ax.set_ylim(bottom=0)
     _iteration_axis(axes[-1])
-    _title(fig, f"{ctx.title}", "compression gain ||C(g)||²/||g||²" + (f", moving average of {w} steps" if w > 1 else ""))
+    what = "compression gain ||C(g)||²/||g||²" + (f", moving average of {w} steps" if w > 1 else "")
+    _title(fig, f"{ctx.title}", _join(what, _band_note(groups)))
     _legend(fig, handles, labels, ncol)
     return fig
 
@@ -424,9 +442,8 @@ def gravac_gain_figure(ctx: Context, g: Group, window: int = 0):
     fig, (ax,), ncol = _new(3, label_len=24)
     handles, labels = [], []
     for key, color, text in (("delta_min", "#1f77b4", "δ_min (at cf_min)"), ("delta_c", "#d62728", "δ_c (at cf_min·cs)")):
-        m = _matrix([smooth(r.column(key), w) for r in runs])
-        mean, lo, hi = _stats(m)
-        handles.append(_draw(ax, np.arange(1, m.shape[1] + 1), mean, lo, hi, len(runs), dict(color=color), text))
+        x, mean, lo, hi = _curve(_matrix([smooth(r.column(key), w) for r in runs]))
+        handles.append(_draw(ax, x, mean, lo, hi, len(runs), dict(color=color), text))
         labels.append(text)
     eps = g.first.cfg("method.epsilon")
     if isinstance(eps, (int, float)):
@@ -435,7 +452,7 @@ def gravac_gain_figure(ctx: Context, g: Group, window: int = 0):
     ax.set_ylim(bottom=0)
     _iteration_axis(ax)
     ax.set_ylabel("Compression gain (EWMA)")
-    _title(fig, label_n(g), ctx.title)
+    _title(fig, label_n(g), _join(ctx.title, _band_note([g])))
     _legend(fig, handles, labels, ncol)
     return fig
 
@@ -526,27 +543,36 @@ def tcomp_figure(ctx: Context, g: Group):
     fig, (ax, axb), ncol = _new(len(keys), height=1.6, nrows=2, sharex=False)
     handles, labels = [], []
     for k in keys:
-        m = _matrix([np.array([_tc(s, k) for s in r.steps]) for r in runs])
-        mean, lo, hi = _stats(m)
-        handles.append(_draw(ax, np.arange(1, m.shape[1] + 1), mean, lo, hi, len(runs), dict(color=colors[k]), names[k]))
+        x, mean, lo, hi = _curve(_matrix([np.array([_tc(s, k) for s in r.steps]) for r in runs]))
+        handles.append(_draw(ax, x, mean, lo, hi, len(runs), dict(color=colors[k]), names[k]))
         labels.append(names[k])
     _iteration_axis(ax)
     ax.set_ylabel("T_compression\n(samples/s)")
     finals = {k: [v for v in (_last_tc(r, k) for r in runs) if math.isfinite(v)] for k in keys}
     xs = [i for i, k in enumerate(keys) if finals[k]]
-    vals = [float(np.mean(finals[keys[i]])) for i in xs]
-    axb.bar(xs, vals, color=[colors[keys[i]] for i in xs], width=0.6)
-    for i, v in zip(xs, vals):
-        axb.annotate(f"{v:.0f}" if v >= 100 else f"{v:.3g}", (i, v), ha="center", va="bottom", fontsize=7, xytext=(0, 1),
-                     textcoords="offset points")
+    ci_bars(axb, xs, [finals[keys[i]] for i in xs], [colors[keys[i]] for i in xs], 0.6)
     axb.set_xticks(range(len(keys)), [names[k] for k in keys])
     axb.set_xlabel("Compression factor")
     axb.set_ylabel("Final T_compression\n(samples/s)")
     axb.margins(y=0.18)
     axb.grid(axis="x", visible=False)
-    _title(fig, label_n(g), ctx.title)
+    _title(fig, label_n(g), _join(ctx.title, _band_note([g]) + (", bars: 95% CI" if g.n > 1 else "")))
     _legend(fig, handles, labels, min(4, len(keys)))
     return fig
+
+
+def ci_bars(ax, xs: list[float], samples: list[list[float]], colors, width: float) -> list:
+    """Bars at the mean of each sample with 95% CI error bars (none for one value), the mean
+    written above each bar; returns the estimates drawn."""
+    ests = [estimate(v) for v in samples]
+    err = np.array([[e.point - e.lo, e.hi - e.point] if e.has_ci else [0.0, 0.0] for e in ests]).T.reshape(2, -1)
+    ax.bar(xs, [e.point for e in ests], color=colors, width=width,
+           yerr=err if any(e.has_ci for e in ests) else None, ecolor="0.15", capsize=2, error_kw={"linewidth": 0.8})
+    for x, e in zip(xs, ests):
+        top = e.hi if e.has_ci else e.point
+        ax.annotate(f"{e.point:.0f}" if e.point >= 100 else f"{e.point:.3g}", (x, top), ha="center", va="bottom",
+                    fontsize=7, xytext=(0, 1), textcoords="offset points")
+    return ests
 
 
 def _isnum(k) -> bool:
@@ -578,6 +604,18 @@ def _wrap_label(text: str) -> str:
     return text.replace(" (", "\n(", 1)
 
 
+def _speedup_ci(row: dict):
+    """The 95% CI of a benchmark row's speedup (median direct / median multi-level) over its repeated
+    measurements; no CI when the CSV holds one time per case."""
+    return ratio_estimate(row.get("direct_all", []), row.get("multi_all", []), np.median)
+
+
+def _bars_note(rows: list[dict]) -> str:
+    if any(_speedup_ci(r).has_ci for r in rows):
+        return "error bars: 95% CI over the repeated measurements (bootstrap)"
+    return "no error bars: the CSV holds one time per case (a median of its repeats), not each repeat"
+
+
 def multilevel_figure(rows: list[dict]):
     """Speedup of multi-level over direct compression (direct time / multi-level time)."""
     if not rows:
@@ -589,13 +627,17 @@ def multilevel_figure(rows: list[dict]):
     width = 0.8 / len(models)
     cmap = plt.get_cmap("tab10")
     for j, model in enumerate(models):
-        xs, ys = [], []
+        xs, ys, err = [], [], []
         for i, cat in enumerate(cats):
             r = next((r for r in rows if str(r["model"]) == model and (r["compressor"], r["cf"]) == cat), None)
             if r is not None and math.isfinite(r["speedup"]):
                 xs.append(i - 0.4 + width * (j + 0.5))
                 ys.append(r["speedup"])
-        ax.bar(xs, ys, width=width * 0.95, color=cmap(j % 10), label=model)
+                e = _speedup_ci(r)
+                err.append([r["speedup"] - e.lo, e.hi - r["speedup"]] if e.has_ci else [0.0, 0.0])
+        yerr = np.array(err, dtype=float).T.reshape(2, -1) if any(any(e) for e in err) else None
+        ax.bar(xs, ys, width=width * 0.95, color=cmap(j % 10), label=model, yerr=yerr, ecolor="0.15", capsize=2,
+               error_kw={"linewidth": 0.8})
     ax.axhline(1.0, color="0.3", linestyle=":", linewidth=0.9)
     names = {r["compressor"]: r.get("label") or compressor_label(r["compressor"]) for r in rows}
     ax.set_xticks(range(len(cats)), [_wrap_label(names[c]) + (f"\n{fmt_cf(cf)}" if multi_cf else "")
@@ -604,7 +646,7 @@ def multilevel_figure(rows: list[dict]):
     ax.grid(axis="x", visible=False)
     cfs = sorted({cf for _, cf in cats if isinstance(cf, float)})
     _title(fig, f"Direct vs multi-level compression, timed on {timed_on(rows)}",
-           f"final CF {', '.join(fmt_cf(c) for c in cfs)}" if cfs and not multi_cf else "")
+           _join(f"final CF {', '.join(fmt_cf(c) for c in cfs)}" if cfs and not multi_cf else "", _bars_note(rows)))
     h, lab = ax.get_legend_handles_labels()
     _legend(fig, h, lab, ncol if len(models) > 1 else 1)
     return fig

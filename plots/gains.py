@@ -51,7 +51,7 @@ def title(run) -> str:
 def load(root: str) -> list:
     """Completed-or-not static runs under `root` that recorded gains, in model order."""
     runs = [load_run(p) for p in find_runs([root])[0]]
-    runs = [r for r in runs if r.summary and r.steps and "gain_code_raw" in r.steps[0]]
+    runs = [r for r in runs if r.summary and r.steps and not r.damage and "gain_code_raw" in r.steps[0]]
     key = lambda r: (MODEL_ORDER.index(r.summary["model"]) if r.summary["model"] in MODEL_ORDER else 99,  # noqa: E731
                      r.summary["compressor"])
     return sorted(runs, key=key)

@@ -4,7 +4,10 @@ A run folder holds config.yaml, steps.jsonl, evals.jsonl and summary.json (any m
 for the JSONL files, end in a torn line when the run was killed). A JSONL file may also be stored
 gzipped (steps.jsonl.gz, as in results/reference/): it is read the same way. `load_run` reads what is there
 and records every defect in `Run.problems`, so the analysis uses incomplete runs for what they
-contain and the command can say which runs were incomplete. Everything numeric comes from the
+contain and the command can say which runs were incomplete. A run whose files hold a value of
+the wrong kind where the analysis needs one (`"step": null` or "three", `cluster.workers: four`)
+is damaged: `Run.damage` says why, and `load_runs` leaves it out with that reason, so one such run
+never stops a report. Everything numeric comes from the
 files: cumulative quantities are cumulative sums of steps.jsonl, cross-checked with summary.json.
 """
 from __future__ import annotations
@@ -126,6 +129,7 @@ class Run:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     has_config: bool = True
+    damage: str | None = None       # why the run cannot be used at all (load_runs skips it)
     _cum: dict = field(default_factory=dict, repr=False)
 
     # -- identity ------------------------------------------------------------------------------
@@ -335,32 +339,69 @@ def load_run(path: str) -> Run:
         problems.append("steps.jsonl missing")
     if not evals:
         problems.append("no evaluations")
+    damage = _bad_step(steps, "steps.jsonl") or _bad_step(evals, "evals.jsonl")
+    if damage:
+        steps, evals = [], []
     # sort by step, keep the last record of a step, note gaps
     by_step: dict[int, dict] = {}
     for i, r in enumerate(steps):
         s = r.get("step")
-        by_step[int(s) if isinstance(s, (int, float)) else i] = r
+        by_step[int(s) if s is not None else i] = r
     steps = [by_step[k] for k in sorted(by_step)]
     if steps and [int(r.get("step", -1)) for r in steps] != list(range(len(steps))):
         problems.append("steps.jsonl has missing steps (cumulative figures stop at the first gap)")
     run = Run(path=path, config=config or {}, summary=summary, steps=steps,
               evals=sorted(evals, key=lambda e: _num(e.get("step"))), problems=problems,
-              has_config=has_config)
-    _cross_check(run)
+              has_config=has_config, damage=damage)
+    run.damage = run.damage or _bad_setting(run)
+    if not run.damage:
+        _cross_check(run)
     return run
 
 
-def load_runs(dirs: Iterable[str]) -> tuple[list[Run], list[str]]:
-    """The runs of `dirs` that recorded a step, and the folders of those that did not: a run that
-    failed or was stopped before its first step has nothing to draw and would only add an empty
-    context whose every figure is 'not made'."""
+def _bad_step(records: list[dict], name: str) -> str | None:
+    """Why a record's `step` is not a step number (absent is a gap, not damage), else None."""
+    for i, r in enumerate(records):
+        if "step" in r and not _whole(r["step"]):
+            return f"{name} record {i + 1}: step={json.dumps(r['step'])} is not a step number"
+    return None
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 and v == int(v)
+
+
+def _bad_setting(run: Run) -> str | None:
+    """Why the run's settings cannot be read (a number of the wrong kind in config.yaml or
+    summary.json), else None; anything else its identity cannot be computed from, too."""
+    for key, summary_key, whole in (("cluster.workers", "workers", True), ("compressor.cf", "cf", False),
+                                    ("train.target", "target", False)):
+        v = run._pick(key, summary_key)
+        if v is not None and not (_whole(v) if whole else math.isfinite(_num(v)) and not isinstance(v, bool)):
+            kind = "a whole number" if whole else "a number"
+            return f"{key}={v!r} is not {kind} ({'config.yaml' if run.cfg(key) is not None else 'summary.json'})"
+    try:        # what grouping runs into settings and contexts reads
+        run.setting, run.model, run.dataset, run.workers, run.metric, run.network, run.totals(), run.eval_series()
+    except Exception as e:  # noqa: BLE001 - a damaged run is reported, never raised
+        return f"cannot be read ({type(e).__name__}: {e})"
+    return None
+
+
+def load_runs(dirs: Iterable[str]) -> tuple[list[Run], list[tuple[str, str]]]:
+    """The runs of `dirs` that can be drawn, and (folder, why) for those left out: damaged runs,
+    and runs that failed or were stopped before their first step (nothing to draw: they would only
+    add an empty context whose every figure is 'not made')."""
     runs = [load_run(d) for d in dirs]
-    return [r for r in runs if r.steps], [r.path for r in runs if not r.steps]
+    left = [(r.path, r.damage or "no steps") for r in runs if r.damage or not r.steps]
+    return [r for r in runs if r.steps and not r.damage], left
 
 
-def skipped_line(folders: list[str]) -> str:
-    """The one line that names the runs `load_runs` left out."""
-    return f"skipped {len(folders)} run{'s' if len(folders) != 1 else ''} with no steps: {', '.join(folders)}"
+def skipped_lines(left: list[tuple[str, str]]) -> list[str]:
+    """The lines that name the runs `load_runs` left out: one for those with no steps, one per
+    damaged run."""
+    empty = [p for p, why in left if why == "no steps"]
+    lines = [f"skipped {len(empty)} run{'s' if len(empty) != 1 else ''} with no steps: {', '.join(empty)}"] if empty else []
+    return lines + [f"skipped damaged run {p}: {why}" for p, why in left if why != "no steps"]
 
 
 def _cross_check(run: Run) -> None:

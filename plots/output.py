@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import tempfile
 from dataclasses import dataclass, field
 
 from gravac.results import atomic_write
@@ -24,6 +25,23 @@ def csv_text(rows: list[dict], columns: list[str]) -> str:
     return buf.getvalue()
 
 
+class OutputError(Exception):
+    """The output folder cannot be used; the message says why in one line."""
+
+
+def make_folder(path: str) -> None:
+    """Make output folder `path` (and its parents) and prove it takes files; OutputError (one
+    line) when it is a file or cannot take files (read-only, no permission, a file on the way)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OutputError(f"output folder {path} is a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise OutputError(f"cannot write into output folder {path} ({e.strerror})") from None
+
+
 @dataclass
 class Outputs:
     """The output folder and its inventory."""
@@ -33,7 +51,7 @@ class Outputs:
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (output, reason)
 
     def __post_init__(self):
-        os.makedirs(self.folder, exist_ok=True)
+        make_folder(self.folder)
 
     def figure(self, fig, stem: str, description: str) -> None:
         """Save `fig` as STEM.png and STEM.pdf (the chosen formats) and close it."""
@@ -56,11 +74,15 @@ class Outputs:
     def skip(self, what: str, reason: str) -> None:
         self.skipped.append((what, reason))
 
-    def write_index(self, header: str, incomplete: list[tuple[str, list[str]]], conventions: str) -> None:
+    def write_index(self, header: str, incomplete: list[tuple[str, list[str]]], conventions: str,
+                    left_out: list[tuple[str, str]] = ()) -> None:
+        """README.md: what was made, what not and why, the runs left out and the incomplete ones."""
         lines = ["# Figures and tables", "", header, "", "## Made", ""]
         lines += [f"- `{files}`: {desc}" for files, desc in self.made] or ["(nothing)"]
         if self.skipped:
             lines += ["", "## Not made", ""] + [f"- {what}: {why}" for what, why in self.skipped]
+        if left_out:
+            lines += ["", "## Runs left out", ""] + [f"- `{path}`: {why}" for path, why in left_out]
         if incomplete:
             lines += ["", "## Incomplete runs (used for what they contain)", ""]
             lines += [f"- `{path}`: {'; '.join(why)}" for path, why in incomplete]

@@ -5,9 +5,10 @@
 
 RESULTS_DIR may be a run folder, an experiment or multirun folder (searched recursively for
 folders holding steps.jsonl or summary.json), or the benchmark CSV. Writes PNG+PDF figures,
-Markdown+CSV tables and an index README.md into --out, prints the incomplete runs and what could
-not be made (and why), and exits 0 when anything was made; non-zero with one line when no run
-was found.
+Markdown+CSV tables and an index README.md into --out, prints the incomplete runs, the runs left
+out (no steps, or damaged: a value of the wrong kind where a number belongs) and what could not
+be made (and why), and exits 0 when anything was made; non-zero with one line when no run was
+found or --out cannot take files.
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ if __package__ in (None, ""):  # run as `python plots/paper.py`: make the repo i
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from plots import bench, figures, scaling, tables  # noqa: E402
-from plots.load import find_runs, load_runs, skipped_line  # noqa: E402
+from plots.load import find_runs, load_runs, skipped_lines  # noqa: E402
 from plots.settings import Context, build_contexts  # noqa: E402
-from plots.output import Outputs  # noqa: E402
+from plots.output import OutputError, Outputs  # noqa: E402
 
 CONVENTIONS = """
 - Floats sent and wire bytes are per worker; cumulative values are sums over steps.jsonl.
@@ -38,9 +39,22 @@ CONVENTIONS = """
   setting). A baseline that never reached the target gives a lower bound (≥), computed from its
   whole run; a GraVAC run (setting) that never reached it gives "not reached".
 - Runs that differ only in seeds (train.seed, dataset.seed), paths, logging or options their
-  method ignores are replicas of one setting: figures draw the mean with a min-max band; tables
-  give the mean ± sample standard deviation over the replicas that reached the target, and
-  ratios of those means. "(n=3)" in a legend is the number of replicas.
+  method ignores are replicas of one setting: figures draw the mean with a shaded 95% confidence
+  band of the mean over seeds; tables give the mean [95% CI] (to-target figures over the replicas
+  that reached the target, with how many did), and ratios of those means. "(n=3)" in a legend is
+  the number of replicas.
+- 95% CI: percentile bootstrap of the mean over seeds (scipy.stats.bootstrap, 10 000 resamples,
+  fixed seed, so outputs regenerate byte-identically); one seed has no CI.
+- Verdicts (static and savings tables): each setting against Dense and the --reference setting,
+  on the mean of the last --last-k evaluations and the modelled s to target, from a two-sample
+  bootstrap 95% CI of the difference of means (metric) or of the ratio baseline / setting (time):
+  "better"/"faster" or "worse"/"slower" only when the CI excludes 0 (1), else "not distinguishable
+  at 95%"; "one seed: not tested" when either side has one seed. P is the probability of
+  improvement (Mann-Whitney U / (n·m), ties half). A replica that missed the target counts with its
+  whole run (a lower bound); a verdict such replicas could overturn (the side with misses comes out
+  faster) reads "not distinguishable (censored)"; a setting that never reached it against a
+  baseline that always did reads "slower (never reached)" when its whole runs alone are already
+  slower (and "faster (baseline never reached)" the other way round).
 - Accuracy is shown in percent; differences to the target in percentage points.
 - Compression gains of static runs are drawn as a trailing moving average (window in the
   subtitle); GraVAC's δ are drawn as recorded (already EWMA-smoothed).
@@ -61,6 +75,8 @@ def parse_args(argv):
                                                  "results/, else results/compress_bench.csv)")
     p.add_argument("--no-bench", action="store_true",
                    help="no Table 3: do not look for a benchmark CSV (bench/reference.py without one)")
+    p.add_argument("--last-k", type=int, default=3,
+                   help="the tables' headline metric is the mean of each run's last K evaluations (default 3)")
     p.add_argument("--smooth", type=int, default=0, help="moving-average window of static gains (0: auto)")
     p.add_argument("--formats", default="png,pdf",
                    help="figure formats, comma-separated (default png,pdf; PDF embeds TrueType fonts)")
@@ -141,7 +157,7 @@ def make_figures(ctx: Context, out: Outputs, suffix: str, args) -> None:
 
 
 def make_tables(contexts: list[Context], out: Outputs, args) -> None:
-    res = _attempt(out, "comm_savings", args.debug, tables.savings_table, contexts)
+    res = _attempt(out, "comm_savings", args.debug, tables.savings_table, contexts, args.last_k)
     if res is not None:
         text, rows, why_not = res
         for w in why_not:
@@ -151,7 +167,8 @@ def make_tables(contexts: list[Context], out: Outputs, args) -> None:
                       "floats / wire bytes / time to the same target, baselines vs GraVAC (Table 4)")
         elif not why_not:
             out.skip("comm_savings", "no baseline/GraVAC pair")
-    res = _attempt(out, "static_compression", args.debug, tables.static_table, contexts, args.reference)
+    res = _attempt(out, "static_compression", args.debug, tables.static_table, contexts, args.reference,
+                   args.last_k)
     if res is not None:
         text, rows, notes = res
         for n in notes:
@@ -203,19 +220,24 @@ def main(argv=None) -> int:
         print(f"error: no runs found in {', '.join(args.results)} (a run folder holds steps.jsonl or "
               f"summary.json){gone}", file=sys.stderr)
         return 2
-    for m in missing:
-        print(f"not found: {m}")
-    runs, no_steps = load_runs(run_dirs)
-    if no_steps:
-        print(skipped_line([_rel(p) for p in no_steps]))
-    contexts = build_contexts(runs, args.target)
-    figures.setup_style()
     formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
     bad = [f for f in formats if f not in ("png", "pdf", "svg")]
     if bad or not formats:
         print(f"error: --formats takes png, pdf or svg, got {args.formats!r}", file=sys.stderr)
         return 2
-    out = Outputs(args.out, formats)
+    try:
+        out = Outputs(args.out, formats)
+    except OutputError as e:
+        print(f"error: {e}: give --out a folder you can write to (it is made if missing)", file=sys.stderr)
+        return 2
+    for m in missing:
+        print(f"not found: {m}")
+    runs, left_out = load_runs(run_dirs)
+    left_out = [(_rel(p), why) for p, why in left_out]
+    for line in skipped_lines(left_out):
+        print(line)
+    contexts = build_contexts(runs, args.target)
+    figures.setup_style()
     n_settings = sum(len(c.groups) for c in contexts)
     print(f"{len(runs)} run(s), {n_settings} setting(s), {len(contexts)} context(s) from {', '.join(args.results)}")
     if bench_csv and not args.bench and not csvs:
@@ -247,7 +269,7 @@ def main(argv=None) -> int:
               f"{n_settings} setting(s). Contexts: " + "; ".join(
                   f"{c.title} ({c.metric}, target {c.target if c.target is not None else 'none'})" for c in contexts))
     out.write_index(header, incomplete + [(p, [f"cross-check: {x}" for x in n]) for p, n in notes
-                                          if p not in dict(incomplete)], CONVENTIONS)
+                                          if p not in dict(incomplete)], CONVENTIONS, left_out)
     print(f"made {len(out.made)} output(s) in {args.out} (index: {os.path.join(args.out, 'README.md')}):")
     for files, _ in out.made:
         print(f"  {files}")

@@ -15,7 +15,7 @@ from plots.load import HIGHER_IS_BETTER, Run
 
 SEED_KEYS = {"train.seed", "dataset.seed"}
 IGNORED_PREFIXES = ("experiment.", "logger.", "setting.")
-IGNORED_KEYS = {"dataset.root", "dataset.cache_dir", "clock.cache_dir", "dataset.download", "cluster.threads", "cluster.timeout_s",
+IGNORED_KEYS = {"dataset.root", "dataset.cache_dir", "clock.cache_dir", "clock.extend_machine", "dataset.download", "cluster.threads", "cluster.timeout_s",
                 "cluster.max_memory_gb", "train.eval_batch_size", "train.target", "train.target_metric"}
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -3,93 +3,31 @@
 - communication savings (paper Table 4): every baseline (Accordion, Dense, static) against every
   GraVAC setting: floats, wire bytes, modelled and wall seconds to the same target, and their
   ratios (baseline / GraVAC: > 1 means GraVAC sent less or finished sooner);
-- static compression (paper Table 2): final metric, its difference to the target and the
-  speedup of time to target over Top-k 10x, one row per setting;
+- static compression (paper Table 2): final metric, mean of the last k evaluations, its
+  difference to the target and the speedup of time to target over Top-k 10x, one row per setting;
 - direct vs multi-level compression times (paper Table 3), from the micro-benchmark CSV.
 
-Replicas of a setting: values are the mean (± sample standard deviation) over the replicas that
-reached the target; ratios are ratios of those means. When a baseline never reached the target,
-its whole run is a lower bound of what it would have needed, so the ratio is reported as a lower
-bound ("≥"); when the GraVAC side never reached it, there is no ratio ("not reached").
+Replicas of a setting: every figure of merit is the mean over seeds with a 95% confidence interval
+(plots/stats.py; to-target figures over the replicas that reached the target, with how many did),
+and each setting gets a verdict against its baselines (plots/merit.py). Speedup and saving cells
+are ratios of means. When a baseline never reached the target, its whole run is a lower bound of
+what it would have needed, so the ratio is reported as a lower bound ("≥"); when the GraVAC side
+never reached it, there is no ratio ("not reached").
 """
 from __future__ import annotations
 
 import math
-import statistics
-from dataclasses import dataclass, field
 
 from plots.bench import timed_on
 from plots.labels import fmt_delta, fmt_metric, fmt_num, METRIC_SHORT
-from plots.load import Hit
+from plots.merit import (LAST_K, ToTarget, against_baselines, baselines, merit, merit_columns, merit_row,
+                         mean_of as _mean, sd_of as _sd, to_target, verdict_columns, verdict_row, verdict_texts,
+                         verdicts)
 from plots.settings import Context, Group
+from plots.stats import CI_SENTENCE, VERDICT_SENTENCE
 
 FIELDS = {"floats": "floats sent", "wire": "wire bytes", "model_s": "modelled s", "wall_s": "wall s",
           "step": "steps"}
-
-
-# ----------------------------------------------------------------------------------------------
-# per-group statistics
-
-def _mean(v: list[float]) -> float:
-    v = [x for x in v if math.isfinite(x)]
-    return statistics.fmean(v) if v else math.nan
-
-
-def _sd(v: list[float]) -> float:
-    v = [x for x in v if math.isfinite(x)]
-    return statistics.stdev(v) if len(v) > 1 else math.nan
-
-
-@dataclass
-class ToTarget:
-    """A setting's cumulative figures at the target, over its replicas."""
-    group: Group
-    hits: list[Hit] = field(default_factory=list)       # replicas that reached the target
-    totals: list[Hit] = field(default_factory=list)     # every replica's whole run
-
-    @property
-    def n(self) -> int:
-        return self.group.n
-
-    @property
-    def reached(self) -> int:
-        return len(self.hits)
-
-    def values(self, f: str) -> list[float]:
-        return [float(getattr(h, f)) for h in self.hits]
-
-    def mean(self, f: str) -> float:
-        return _mean(self.values(f))
-
-    def sd(self, f: str) -> float:
-        return _sd(self.values(f))
-
-    def total_mean(self, f: str) -> float:
-        return _mean([float(getattr(h, f)) for h in self.totals])
-
-    def cell(self, f: str, fmt=fmt_num) -> str:
-        """"4.17e11", "4.17e11 ± 2e9 (2/3 reached)" or "not reached (whole run 1.2e9)"."""
-        if not self.reached:
-            tot = self.total_mean(f)
-            return "not reached" + (f" (whole run {fmt(tot)})" if math.isfinite(tot) else "")
-        s = fmt(self.mean(f))
-        if self.reached > 1 and math.isfinite(self.sd(f)):
-            s += f" ± {fmt(self.sd(f))}"
-        if self.reached < self.n:
-            s += f" ({self.reached}/{self.n} reached)"
-        return s
-
-
-def to_target(group: Group, target: float | None) -> ToTarget:
-    out = ToTarget(group)
-    for run in group.runs:
-        tot = run.totals()
-        if tot is not None:
-            out.totals.append(tot)
-        hit = run.first_hit(target)
-        if hit is not None:
-            out.hits.append(hit)
-    return out
 
 
 def ratio(base: ToTarget, other: ToTarget, f: str) -> tuple[float, str, str]:
@@ -112,6 +50,10 @@ def ratio_cell(value: float, kind: str) -> str:
     if kind == "lower_bound":
         return f"≥ {value:.3g}x (baseline not reached)"
     return "not reached"
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
 
 
 def md_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -143,7 +85,8 @@ SAVINGS_COLUMNS = ["context", "metric", "target", "baseline", "gravac", "baselin
                    "comm_saving", "comm_saving_kind",
                    "baseline_wire_bytes", "gravac_wire_bytes", "wire_saving", "wire_saving_kind",
                    "baseline_model_s", "gravac_model_s", "model_speedup", "model_speedup_kind",
-                   "baseline_wall_s", "gravac_wall_s", "wall_speedup", "wall_speedup_kind", "note"]
+                   "baseline_wall_s", "gravac_wall_s", "wall_speedup", "wall_speedup_kind", "note",
+                   "last_k", "baseline_last_k_metric", "gravac_last_k_metric", *verdict_columns("gravac_vs_baseline")]
 
 _BASELINE_ORDER = {"accordion": 0, "dense": 1, "static": 2}
 
@@ -155,8 +98,9 @@ def savings_pairs(ctx: Context) -> list[tuple[Group, Group]]:
     return [(b, g) for b in bases for g in gravacs]
 
 
-def savings_table(contexts: list[Context]) -> tuple[str, list[dict], list[str]]:
-    """(markdown, csv rows, reasons a context had no table)."""
+def savings_table(contexts: list[Context], last_k: int = LAST_K) -> tuple[str, list[dict], list[str]]:
+    """(markdown, csv rows, reasons a context had no table); each row also has GraVAC's verdicts
+    against the baseline (mean of the last `last_k` evaluations, modelled s to target)."""
     md, rows, why_not = [], [], []
     for ctx in contexts:
         pairs = savings_pairs(ctx)
@@ -168,8 +112,10 @@ def savings_table(contexts: list[Context]) -> tuple[str, list[dict], list[str]]:
             why_not.append(f"{ctx.title}: no target (train.target is 0 in the configs; pass --target)")
             continue
         md_rows = []
+        merits = {grp: merit(grp, ctx.target, last_k) for grp in {x for pair in pairs for x in pair}}
         for base, grav in pairs:
-            b, g = to_target(base, ctx.target), to_target(grav, ctx.target)
+            b, g = merits[base].to, merits[grav].to
+            verdict = verdicts(merits[grav], merits[base], ctx.higher_is_better, True)
             row = {"context": ctx.title, "metric": ctx.metric, "target": ctx.target, "baseline": base.label,
                    "gravac": grav.label, "baseline_runs": b.n, "baseline_reached": b.reached,
                    "gravac_runs": g.n, "gravac_reached": g.reached}
@@ -191,16 +137,22 @@ def savings_table(contexts: list[Context]) -> tuple[str, list[dict], list[str]]:
                 if note and note not in notes:
                     notes.append(note)
             row["note"] = "; ".join(notes)
+            row.update({"last_k": last_k, "baseline_last_k_metric": _finite_or_none(merits[base].last_k.point),
+                        "gravac_last_k_metric": _finite_or_none(merits[grav].last_k.point),
+                        **verdict_row("gravac_vs_baseline", verdict)})
             rows.append(row)
-            md_rows.append([base.label, grav.label, b.cell("floats"), g.cell("floats"), cells["comm_saving"],
-                            cells["wire_saving"], cells["model_speedup"], cells["wall_speedup"]])
+            md_rows.append([base.label, grav.label, f"{b.reached_text()} / {g.reached_text()}", b.cell("floats"),
+                            g.cell("floats"), cells["comm_saving"], cells["wire_saving"], cells["model_speedup"],
+                            cells["wall_speedup"], *verdict_texts(verdict, ctx.metric)])
         md.append(_heading(ctx) + "\n\n" + md_table(
-            ["Baseline", "GraVAC", "Floats to target (baseline)", "Floats to target (GraVAC)",
-             "Comm. saving", "Wire-bytes saving", "Speedup (modelled)", "Speedup (wall)"], md_rows))
+            ["Baseline", "GraVAC", "Reached (baseline / GraVAC)", "Floats to target (baseline)",
+             "Floats to target (GraVAC)", "Comm. saving", "Wire-bytes saving", "Speedup (modelled)", "Speedup (wall)",
+             f"GraVAC vs baseline: last-{last_k} mean", "GraVAC vs baseline: modelled s to target"], md_rows))
     text = ("# Communication savings to the same target (paper Table 4)\n\n"
             "Floats sent per worker until the first evaluation that reaches the target; savings and "
-            "speedups are baseline / GraVAC (> 1: GraVAC sent less or was faster). Replicas: mean ± sd "
-            "over the replicas that reached the target.\n\n" + "\n\n".join(md) + "\n")
+            "speedups are baseline / GraVAC of the means over seeds (> 1: GraVAC sent less or was faster). "
+            f"Replicas: mean [95% CI] over the replicas that reached the target. {CI_SENTENCE} "
+            f"{VERDICT_SENTENCE}\n\n" + "\n\n".join(md) + "\n")
     return text, rows, why_not
 
 
@@ -210,7 +162,8 @@ def savings_table(contexts: list[Context]) -> tuple[str, list[dict], list[str]]:
 STATIC_COLUMNS = ["context", "metric", "target", "setting", "method", "compressor", "cf", "runs", "reached",
                   "final_metric", "final_metric_sd", "best_metric", "delta_to_target", "steps_to_target",
                   "floats_to_target", "model_s_to_target", "wall_s_to_target", "reference",
-                  "speedup_model", "speedup_model_kind", "speedup_wall", "speedup_wall_kind", "mean_cf", "note"]
+                  "speedup_model", "speedup_model_kind", "speedup_wall", "speedup_wall_kind", "mean_cf", "note",
+                  *merit_columns(), *verdict_columns("vs_dense"), *verdict_columns("vs_reference")]
 
 
 def mean_cf(group: Group) -> float:
@@ -230,74 +183,78 @@ def _cf_text(group: Group) -> str:
     return str(group.first.setting.get("cf_text", "?"))
 
 
-def static_table(contexts: list[Context], reference: str) -> tuple[str, list[dict], list[str]]:
-    """(markdown, csv rows, notes): one row per setting, speedups over the `reference` setting."""
+def static_table(contexts: list[Context], reference: str, last_k: int = LAST_K) -> tuple[str, list[dict], list[str]]:
+    """(markdown, csv rows, notes): one row per setting, speedups over the `reference` setting,
+    verdicts against Dense and `reference`."""
     md, rows, notes = [], [], []
-    for ctx in contexts:
-        if not ctx.groups:
-            continue
-        ref_group = ctx.find(reference)
-        ref = to_target(ref_group, ctx.target) if ref_group and ctx.target is not None else None
+    for ctx in (c for c in contexts if c.groups):
+        md_rows, bases = [], baselines(ctx, reference)
         if ctx.target is None:
             notes.append(f"{ctx.title}: no target, so no difference to target and no speedups (pass --target)")
-        elif ref_group is None:
+        elif ctx.find(reference) is None:
             notes.append(f"{ctx.title}: no '{reference}' run, so no speedups (choose one with --reference)")
-        md_rows = []
+        merits = {g: merit(g, ctx.target, last_k) for g in ctx.groups}
         for grp in ctx.groups:
             if not any(r.steps or r.evals for r in grp.runs):
                 notes.append(f"{ctx.title}: {grp.label} has no steps and no evaluations (left out)")
                 continue
-            t = to_target(grp, ctx.target)
-            finals = [r.final_metric() for r in grp.runs]
-            bests = [r.best_metric() for r in grp.runs]
-            fm, fsd = _mean(finals), _sd(finals)
-            delta = fm - ctx.target if ctx.target is not None else math.nan
-            row = {"context": ctx.title, "metric": ctx.metric, "target": ctx.target, "setting": grp.label,
-                   "method": grp.method, "compressor": grp.first.compressor, "cf": grp.first.cf,
-                   "runs": grp.n, "reached": t.reached,
-                   "final_metric": fm if math.isfinite(fm) else None,
-                   "final_metric_sd": fsd if math.isfinite(fsd) else None,
-                   "best_metric": _mean(bests) if math.isfinite(_mean(bests)) else None,
-                   "delta_to_target": delta if math.isfinite(delta) else None,
-                   "steps_to_target": t.mean("step") if t.reached else None,
-                   "floats_to_target": t.mean("floats") if t.reached else None,
-                   "model_s_to_target": t.mean("model_s") if t.reached else None,
-                   "wall_s_to_target": t.mean("wall_s") if t.reached else None,
-                   "reference": reference if ref is not None else None}
-            sp, row_notes = {}, []
-            for col, f in (("speedup_model", "model_s"), ("speedup_wall", "wall_s")):
-                if ref is None:
-                    v, kind, note = math.nan, "", ""
-                    sp[col] = "—"
-                else:
-                    v, kind, note = ratio(ref, t, f)
-                    sp[col] = ratio_cell(v, kind).replace("baseline", reference)
-                row[col] = v if math.isfinite(v) else None
-                row[f"{col}_kind"] = kind
-                if note and note not in row_notes:
-                    row_notes.append(note)
-            row["note"] = "; ".join(row_notes)
-            mc = mean_cf(grp)
-            row["mean_cf"] = mc if math.isfinite(mc) else None
+            row, cells = _static_row(ctx, merits[grp], reference)
+            for b, v in against_baselines(ctx, merits, grp, reference):
+                row.update(verdict_row("vs_dense" if b.method == "dense" else "vs_reference", v))
+                cells += verdict_texts(v, ctx.metric)
             rows.append(row)
-            final = fmt_metric(fm, ctx.metric)
-            if grp.n > 1 and math.isfinite(fsd):
-                final += f" ± {fmt_delta(fsd, ctx.metric).lstrip('+')}"
-            md_rows.append([grp.label, _cf_text(grp), str(grp.n), final, fmt_delta(delta, ctx.metric),
-                            t.cell("step", lambda x: f"{x:.0f}"), t.cell("model_s"), sp["speedup_model"],
-                            t.cell("wall_s"), sp["speedup_wall"], f"{mc:.3g}x" if math.isfinite(mc) else "—"])
-        if not md_rows:
-            continue
-        md.append(_heading(ctx) + "\n\n" + md_table(
-            ["Setting", "CF", "Runs", f"Final {METRIC_SHORT.get(ctx.metric, ctx.metric)}", "Δ to target",
-             "Steps to target", "Modelled s to target", f"Speedup vs {reference} (modelled)",
-             "Wall s to target", f"Speedup vs {reference} (wall)", "Mean CF sent"], md_rows))
+            md_rows.append(cells)
+        if md_rows:
+            md.append(_heading(ctx) + "\n\n" + md_table(_static_header(ctx, reference, last_k, bases), md_rows))
     text = (f"# Static compression vs GraVAC (paper Table 2)\n\n"
-            f"Final metric (last evaluation), its difference to the target (accuracy in percentage points; "
-            f"for perplexity lower is better), time to the target and the speedup over {reference} "
-            f"({reference}'s time / this setting's time; > 1 is faster). Mean CF sent = dense elements "
-            f"of all steps / floats sent.\n\n" + "\n\n".join(md) + "\n")
+            f"Final metric (last evaluation), mean of the last {last_k} evaluations, the final metric's difference "
+            f"to the target (accuracy in percentage points; for perplexity lower is better), time to the target "
+            f"and the speedup over {reference} ({reference}'s mean time / this setting's; > 1 is faster). "
+            f"Mean CF sent = dense elements of all steps / floats sent. Values are mean [95% CI] over seeds. "
+            f"{CI_SENTENCE} {VERDICT_SENTENCE}\n\n" + "\n\n".join(md) + "\n")
     return text, rows, notes
+
+
+def _static_header(ctx: Context, reference: str, last_k: int, bases: list[Group]) -> list[str]:
+    short = METRIC_SHORT.get(ctx.metric, ctx.metric)
+    head = ["Setting", "CF", "Runs", f"Final {short}", f"Last-{last_k} mean", "Δ to target", "Reached",
+            "Steps to target", "Modelled s to target", f"Speedup vs {reference} (modelled)", "Wall s to target",
+            f"Speedup vs {reference} (wall)", "Floats sent per worker", "Mean CF sent"]
+    for b in bases:
+        head += [f"vs {b.label}: last-{last_k} mean", f"vs {b.label}: modelled s to target"]
+    return head
+
+
+def _static_row(ctx: Context, m, reference: str) -> tuple[dict, list[str]]:
+    """One setting's CSV row (without verdicts) and its Markdown cells."""
+    grp, t = m.group, m.to
+    ref_group = ctx.find(reference)
+    ref = to_target(ref_group, ctx.target) if ref_group and ctx.target is not None else None
+    finals = [r.final_metric() for r in grp.runs]
+    fm, bm = _mean(finals), _mean([r.best_metric() for r in grp.runs])
+    delta = fm - ctx.target if ctx.target is not None else math.nan
+    row = {"context": ctx.title, "metric": ctx.metric, "target": ctx.target, "setting": grp.label,
+           "method": grp.method, "compressor": grp.first.compressor, "cf": grp.first.cf, "runs": grp.n,
+           "reached": t.reached, "final_metric": _finite_or_none(fm), "final_metric_sd": _finite_or_none(_sd(finals)),
+           "best_metric": _finite_or_none(bm), "delta_to_target": _finite_or_none(delta),
+           **{f"{name}_to_target": t.mean(f) if t.reached else None
+              for name, f in (("steps", "step"), ("floats", "floats"), ("model_s", "model_s"), ("wall_s", "wall_s"))},
+           "reference": reference if ref is not None else None, **merit_row(m)}
+    sp, row_notes = {}, []
+    for col, f in (("speedup_model", "model_s"), ("speedup_wall", "wall_s")):
+        v, kind, note = ratio(ref, t, f) if ref is not None else (math.nan, "", "")
+        sp[col] = ratio_cell(v, kind).replace("baseline", reference) if ref is not None else "—"
+        row[col], row[f"{col}_kind"] = _finite_or_none(v), kind
+        if note and note not in row_notes:
+            row_notes.append(note)
+    row["note"] = "; ".join(row_notes)
+    row["mean_cf"] = _finite_or_none(mean_cf(grp))
+    pct = lambda x: fmt_metric(x, ctx.metric)  # noqa: E731
+    cells = [grp.label, _cf_text(grp), str(grp.n), m.final.text(pct), m.last_k.text(pct), fmt_delta(delta, ctx.metric),
+             t.reached_text(), t.cell("step", lambda x: f"{x:.0f}"), t.cell("model_s"), sp["speedup_model"],
+             t.cell("wall_s"), sp["speedup_wall"], m.floats.text(fmt_num),
+             f"{row['mean_cf']:.3g}x" if row["mean_cf"] is not None else "—"]
+    return row, cells
 
 
 # ----------------------------------------------------------------------------------------------

@@ -75,18 +75,23 @@ def test_given_compute_time_and_ready_records(tmp_path):
 
 def test_a_named_machine_reads_its_profile_and_costs_on_any_host(tmp_path):
     """`clock.machine` pins the cached profile and cost table to a stated device: a run with
-    another thread count (a different host key) reads what the first run measured, so a committed
-    device table gives the same modelled times on any machine."""
+    another thread count (a different host key) reads what the first run measured (into a new
+    device, with clock.extend_machine=true), so a committed device table gives the same modelled
+    times on any machine."""
     args = ["train.steps=4", "cluster.workers=2", "method=static", "compressor=topk", "network=1gbps",
             "clock.machine=reference-device"]
     cache = tmp_path / "profiles"
-    _, first, s_first = _run(tmp_path / "a", args, cache)
+    _, first, s_first = _run(tmp_path / "a", [*args, "clock.extend_machine=true"], cache)
     small = [a for a in SMALL if not a.startswith("cluster.threads")] + ["cluster.threads=2"]
     _, other, s_other = _run(tmp_path / "b", args, cache, small=small)
     assert s_first["clock"]["profile"]["source"] == "calibrated"
     assert s_other["clock"]["profile"]["source"] == "cached"
     assert s_other["clock"]["profile"]["machine"] == "reference-device"
     assert s_other["clock"]["op_costs"]["measured_this_run"] == 0
+    assert s_other["clock"]["measured_here"] == {"host": s_other["clock"]["measured_here"]["host"], "profile": None,
+                                                 "op_costs": []}
+    assert s_first["clock"]["measured_here"]["profile"] == s_first["clock"]["profile"]["key"]
+    assert s_first["clock"]["measured_here"]["op_costs"]          # what it added to the device
     assert [[a[k] for k in TIMES] for a in first] == [[b[k] for k in TIMES] for b in other]
 
 
@@ -139,7 +144,7 @@ def _calibrate_in_child(cache: str, value: float, out: str) -> None:
     def measure():
         time.sleep(0.5)
         return {"forward_s": value, "backward_s": 2 * value, "ready_s": [value], "optimizer_s": 0.0}
-    prof = load_or_measure_profile("model=x", "machine", Path(cache), measure, 3)
+    prof = load_or_measure_profile("model=x", "machine", Path(cache), measure, 3, parameters=1, say=lambda _: None)
     Path(out).write_text(json.dumps([prof.forward_s, prof.source]))
 
 

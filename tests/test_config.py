@@ -95,6 +95,9 @@ BAD = [
     (["cluster.dist_backend=nccl"], "needs cluster.device=cuda"),
     (["dataset.eval_split=valid"], "exists only for ptb"),
     (["model=lstm_mini", "train.target_metric=top1"], "evaluated by perplexity"),
+    # the name is the problem, not the results folder (issue 33): at most 255 bytes, counted in UTF-8
+    ([f"experiment.name={'a' * 300}"], "experiment.name is 300 bytes long, too long for a folder name (at most 255"),
+    ([f"experiment.run_id='{'é' * 200}'"], "experiment.run_id is 400 bytes long, too long for a folder name"),
     # results never land outside experiment.results_root (issue 21 case 3)
     (["experiment.name=../../escape"], "experiment.name='../../escape' is out of range: must be one folder name"),
     (["experiment.run_id=../../x"], "experiment.run_id='../../x' is out of range"),
@@ -185,6 +188,9 @@ USER_MISTAKES = [  # (overrides, environment, fragment of the one-line error): i
     (["cluster=ddp", "cluster.workers=100000"], {}, "would start 100000 processes here"),
     (["cluster.workers=100000"], {}, "a shard of 0 samples (256 over 100000 workers)"),
     (["cluster.workers=100000", "model.width=16"], {}, "the 100000-worker cluster needs about"),
+    (["experiment.seeds=0"], {}, "experiment.seeds=0: give the number of seed replicas"),
+    (["experiment.seeds=three"], {}, "experiment.seeds=three: give the number of seed replicas"),
+    (["experiment.seeds=2", "train.seed=4"], {}, "experiment.seeds and train.seed are both given"),
 ]
 TINY = ["train.steps=2", "logger.progress=false", "cluster.threads=1", "dataset.train_size=256",
         "dataset.test_size=64", "model.width=4", "dataset.image_size=8"]
@@ -224,3 +230,34 @@ def test_a_sweep_with_a_bad_job_ends_with_the_failed_jobs_line(tmp_path):
     r = run_cli(["-m", *TINY, f"experiment.results_root={tmp_path}", "train.batch_size=100000,8"], timeout=300)
     assert r.returncode != 0
     assert "1 job(s) of the sweep failed" in r.stderr and "Traceback" not in r.stderr + r.stdout
+
+
+def test_a_name_too_long_for_the_filesystem_says_so(tmp_path):
+    """Past the config check (a filesystem with names shorter than 255 bytes, or a long
+    results_root component), the folder's name is named as the problem, not its permissions."""
+    from gravac.errors import UserError
+    from gravac.results import make_run_dir
+    with pytest.raises(UserError) as e:
+        make_run_dir(str(tmp_path / ("r" * 300)), "default", "", "tag")
+    assert "too long for this filesystem; shorten experiment.name (or experiment.results_root)" in str(e.value)
+    assert "writable" not in str(e.value)
+
+
+def test_experiment_seeds_runs_that_many_seed_replicas(tmp_path):
+    """experiment.seeds=2 is the sweep train.seed=0,1: one run folder per seed, nothing else."""
+    r = run_cli([*TINY, f"experiment.results_root={tmp_path}", "experiment.seeds=2"], timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = sorted(p.parent for p in tmp_path.glob("default/*/summary.json"))
+    assert [_seed_of(p) for p in runs] == [0, 1]
+
+
+def _seed_of(run) -> int:
+    import yaml
+    return yaml.safe_load((run / "config.yaml").read_text())["train"]["seed"]
+
+
+def test_expand_seeds_rewrites_only_its_own_argument():
+    from gravac.config import expand_seeds
+    assert expand_seeds(["method=dense"]) == ["method=dense"]
+    assert expand_seeds(["experiment.seeds=3", "arm=topk10,dense"]) == ["-m", "arm=topk10,dense", "train.seed=0,1,2"]
+    assert expand_seeds(["-m", "experiment.seeds=1"]) == ["-m", "train.seed=0"]

@@ -2,7 +2,11 @@
 (CIFAR-10 ImageFolder and PTB from $GRAVAC_DATA_DIR, skipped when absent) and error messages."""
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import pickle
+import struct
 import time
 import urllib.error
 from pathlib import Path
@@ -255,15 +259,98 @@ def _offline(*args, **kwargs):
 
 
 def test_cifar_download_failure_is_a_clear_error(tmp_path, monkeypatch):
-    import torchvision.datasets as tvd
-    monkeypatch.setattr(tvd.CIFAR10, "download", _offline)
-    monkeypatch.setattr(tvd.CIFAR100, "download", _offline)
+    import gravac.data.cifar as cifar
+    monkeypatch.setattr(cifar, "_download", _offline)
     with pytest.raises(DataError, match="download.*failed.*no network"):
         load_dataset(dataset_cfg(name="cifar10", root=str(tmp_path), download=True))
     with pytest.raises(DataError) as e:
         load_dataset(dataset_cfg(name="cifar100", root=str(tmp_path), download=True))
     msg = str(e.value)
     assert "cifar-100-python" in msg and str(tmp_path) in msg and "no network" in msg and "offline" in msg
+
+
+class _Py2Pickler(pickle._Pickler):
+    """Writes bytes as Python 2's str (BINSTRING), as the official CIFAR batch files were written."""
+
+    def save_bytes(self, obj):
+        self.write(pickle.BINSTRING + struct.pack("<i", len(obj)) + obj)
+        self.memoize(obj)
+
+    dispatch = {**pickle._Pickler.dispatch, bytes: save_bytes}
+
+
+def _cifar_batch(n: int, seed: int) -> tuple[bytes, dict]:
+    """A batch file in the official format (protocol 2, numpy.core.multiarray) and what it holds."""
+    rng = np.random.default_rng(seed)
+    entry = {"batch_label": "fake", "labels": [int(v) for v in rng.integers(0, 10, n)],
+             "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "filenames": [f"{i}.png" for i in range(n)]}
+    buf = io.BytesIO()
+    _Py2Pickler(buf, 2).dump(entry)
+    return buf.getvalue().replace(b"numpy._core.multiarray\n", b"numpy.core.multiarray\n"), entry
+
+
+class _WritesAFile:
+    """Unpickled, it opens (so creates) `path`: what a crafted batch file can do to pickle.load."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def _fake_cifar10(root: Path, monkeypatch, crafted: bytes | None = None) -> dict[str, dict]:
+    """A tiny cifar-10-batches-py (3 images a batch) under root, torchvision's checksums set to its
+    files' (as if they were the official ones); `crafted` replaces data_batch_1. Returns the entries."""
+    import torchvision.datasets as tvd
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    names = [*(f"data_batch_{k}" for k in range(1, 6)), "test_batch"]
+    made = {name: _cifar_batch(3, i) for i, name in enumerate(names)}
+    blobs = {name: b for name, (b, _) in made.items()}
+    blobs["batches.meta"] = pickle.dumps({"label_names": CIFAR10_CLASSES}, protocol=2)
+    if crafted is not None:
+        blobs["data_batch_1"] = crafted
+    md5 = {name: hashlib.md5(b).hexdigest() for name, b in blobs.items()}
+    for name, b in blobs.items():
+        (folder / name).write_bytes(b)
+    monkeypatch.setattr(tvd.CIFAR10, "train_list", [[n, md5[n]] for n in names[:5]])
+    monkeypatch.setattr(tvd.CIFAR10, "test_list", [["test_batch", md5["test_batch"]]])
+    monkeypatch.setattr(tvd.CIFAR10, "meta", {**tvd.CIFAR10.meta, "md5": md5["batches.meta"]})
+    return {name: e for name, (_, e) in made.items()}
+
+
+def test_cifar_batches_in_the_official_format_are_read(tmp_path, monkeypatch):
+    """What the restricted unpickler admits is enough for the official files (Python 2 pickles of
+    numpy arrays): images in HWC order and labels, batches in order."""
+    entries = _fake_cifar10(tmp_path, monkeypatch)
+    ds = load_dataset(dataset_cfg(name="cifar10", root=str(tmp_path), download=False))
+    train = [entries[f"data_batch_{k}"] for k in range(1, 6)]
+    assert (ds.train_size, ds.eval_size) == (15, 3)
+    assert ds.train_y.tolist() == [y for e in train for y in e["labels"]]
+    want = np.vstack([e["data"] for e in train]).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    assert np.array_equal(ds.train_x, want) and ds.test_y.tolist() == entries["test_batch"]["labels"]
+
+
+def test_a_crafted_cifar_batch_is_refused_and_runs_nothing(tmp_path, monkeypatch):
+    """Issue 33 case 1: torchvision reads its CIFAR format with pickle.load, which runs what a
+    crafted file names. Its MD5 check stops a changed official file, but not one whose checksum
+    matches (a weak hash, a file replaced between check and read, another torchvision): here the
+    checksums are the crafted files' own. The read names no code; the file is never written."""
+    marker = tmp_path / "written-by-the-pickle"
+    _fake_cifar10(tmp_path / "data", monkeypatch, crafted=pickle.dumps(_WritesAFile(marker), protocol=2))
+    with pytest.raises(DataError) as e:
+        load_dataset(dataset_cfg(name="cifar10", root=str(tmp_path / "data"), download=False))
+    msg = str(e.value)
+    assert not marker.exists()
+    assert "\n" not in msg and "data_batch_1 is not a CIFAR batch file" in msg and "refusing to read it" in msg
+
+
+def test_a_changed_cifar_batch_is_refused_by_its_checksum(tmp_path, monkeypatch):
+    _fake_cifar10(tmp_path, monkeypatch)
+    (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(b"garbage")
+    with pytest.raises(DataError, match="incomplete or corrupt .test_batch differs from the official file"):
+        load_dataset(dataset_cfg(name="cifar10", root=str(tmp_path), download=False))
 
 
 def test_missing_cifar100_is_a_clear_error(tmp_path):

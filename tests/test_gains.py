@@ -119,3 +119,21 @@ def test_gain_probe_figure_and_table_from_a_static_run(tmp_path):
     (out / "gains.md").unlink()
     assert gains_plot.main([str(out / "runs")]) == 0       # redraws from the committed copies
     assert "| 1000x |" in (out / "gains.md").read_text()
+
+
+def test_static_send_dense_is_a_gain_probe_on_dense_sgds_path():
+    """method.send=dense records the gains static compression would measure, but sends what dense
+    sends (the exact average, CF 1, M floats) and keeps no residual, so step 2 sees the raw gradient."""
+    grads = [[torch.randn(N, generator=torch.Generator().manual_seed(10 * s + w)) for w in range(W)] for s in range(2)]
+    probe_run = make_run(method=dict(name="static", send="dense", probe_cfs=[40]),
+                         compressor=dict(name="topk", cf=10, granularity="flat"))
+    static_run = make_run(method=dict(name="static", probe_cfs=[40]), compressor=dict(name="topk", cf=10, granularity="flat"))
+    group = lambda run: SimGroup(W, NetworkModel.from_cfg(run.network))    # noqa: E731
+    probe = build_method(probe_run, group(probe_run), [N], torch.device("cpu"))
+    res = [probe.step([g.clone() for g in gs], _ctx(s)) for s, gs in enumerate(grads)]
+    assert all(r.cf == 1.0 and r.floats_sent == N for r in res)
+    assert torch.equal(res[1].grad, (grads[1][0] + grads[1][1]) / 2)
+    fresh = build_method(static_run, group(static_run), [N], torch.device("cpu"))   # no residual at its step 0
+    want = fresh.step([g.clone() for g in grads[1]], _ctx(0)).extra
+    assert res[1].extra["gain"] == pytest.approx(want["gain"]) and res[1].extra["probe_gain"] == pytest.approx(want["probe_gain"])
+    assert float(probe.memories[0][0].residual.abs().sum()) == 0.0

@@ -81,7 +81,7 @@ def test_state_errors_are_one_line():
              (lambda: SparseState(g, compressor="topk", bogus=1), "unknown option(s) bogus for compressor 'topk'"),
              (lambda: SparseState(g, cf=0.5), "compressor.cf=0.5 is out of range"),
              (lambda: GraVACState(g, cf=10), "GraVAC chooses its own CF"),
-             (lambda: GraVACState(g, cf_min=100, cf_max=10), "gravac.cf_max=10 must be >= gravac.cf_min=100"),
+             (lambda: GraVACState(g, cf_min=100, cf_max=10), "gravac.cf_max=10.0 must be >= gravac.cf_min=100.0"),
              (lambda: GraVACState(g, policy="linear"), "gravac.policy='linear' is not valid")]
     for make, text in cases:
         with pytest.raises(ValueError) as e:
@@ -90,6 +90,41 @@ def test_state_errors_are_one_line():
     assert "topk" in str(pytest.raises(ValueError, SparseState, g, compressor="nope").value)
     with pytest.raises(TypeError, match="needs a GraVACState, got SparseState"):
         gravac_hook(SparseState(g), FakeBucket(0, [2], torch.ones(2), True))
+
+
+def test_options_of_the_wrong_type_are_one_line():
+    """Keywords are checked as config is (gravac.config.checked): the option, its value and what
+    is valid, in one line; no Python TypeError from deep inside."""
+    from gravac.covap_hook import CovapState
+    g = solo_group()
+    cases = [(lambda: SparseState(g, cf="abc"), "compressor.cf='abc' is not a number"),
+             (lambda: SparseState(g, seed="x"), "SparseState.seed='x' is not an integer"),
+             (lambda: SparseState(g, momentum="x"), "SparseState.momentum='x' is not a number"),
+             (lambda: SparseState(g, compressor="dgc", sample_ratio="x"), "compressor.sample_ratio='x' is not a number"),
+             (lambda: GraVACState(g, epsilon="x"), "gravac.epsilon='x' is not a number"),
+             (lambda: GraVACState(g, batch_size="x"), "GraVACState.batch_size='x' is not an integer"),
+             (lambda: CovapState(g, drop_rate=2, ef_init="x"), "covap.ef_init='x' is not a number")]
+    for make, text in cases:
+        with pytest.raises(ValueError) as e:
+            make()
+        assert text in str(e.value) and "\n" not in str(e.value)
+
+
+def test_empty_parameters_send_nothing():
+    """An empty parameter (numel 0) in a bucket, at per-layer granularity: skipped, the other
+    tensors compressed as without it (Random-k's per-layer seeds keep their layer numbers, so its
+    draws differ, not its counts)."""
+    g = torch.tensor([3.0, -1.0, 0.5, 4.0, 2.0, -6.0])
+    with_empty = run_buckets(SparseState(solo_group(), cf=2), sparse_hook, [([4, 0, 2], g)])
+    without = run_buckets(SparseState(solo_group(), cf=2), sparse_hook, [([4, 2], g)])
+    assert torch.equal(with_empty[0], without[0])
+    state = SparseState(solo_group(), compressor="randomk", cf=2)
+    (out,) = run_buckets(state, sparse_hook, [([4, 0, 2], g)])
+    assert state.last["floats_sent"] == 3 and int((out[:4] != 0).sum()) == 2 and int((out[4:] != 0).sum()) == 1
+    state = GraVACState(solo_group(), compressor="topk", cf_min=2, cf_max=4, window=2, gain="code")
+    for _ in range(3):                                       # dense, then compressed (+ recompressed)
+        (out,) = run_buckets(state, gravac_hook, [([0, 4, 0, 2, 0], g)])
+        assert out.shape == g.shape
 
 
 SIZES = [[300, 200], [400, 100]]            # two buckets of two parameter tensors each
@@ -250,3 +285,76 @@ def test_readme_example_runs_as_written(tmp_path):
     assert [ln.split(":")[0] for ln in lines] == ["step 9", "step 19", "step 29"], out.stdout
     # Top-k 100x per parameter tensor: 2048 // 100 + max(1, 64 // 100) + 256 // 100 + 1 = 24 of 2372
     assert all(ln.endswith("sent 24 of 2372 floats (CF 98.8x)") for ln in lines), lines
+
+
+# --- options that differ between ranks, empty parameters under DDP (2 gloo processes) --------------
+class WithEmpty(torch.nn.Module):
+    """Two layers, with or without an empty parameter between them."""
+
+    def __init__(self, empty: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(8, 4), torch.nn.Linear(4, 2)
+        self.empty = torch.nn.Parameter(torch.zeros(0)) if empty else None
+
+    def forward(self, x):
+        y = self.b(torch.relu(self.a(x)))
+        return y + self.empty.sum() if self.empty is not None else y
+
+
+def _first_step_error(rank: int, state, hook) -> str:
+    """What one DDP backward with `state` raises ("" when it does not)."""
+    model = torch.nn.parallel.DistributedDataParallel(WithEmpty(False))
+    model.register_comm_hook(state, hook)
+    try:
+        model(torch.randn(4, 8)).sum().backward()
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def _disagree_work(rank: int) -> dict:
+    from gravac.covap_hook import CovapState, covap_hook
+    out = {"seed": _first_step_error(rank, SparseState(None, compressor="randomk", cf=10, seed=rank), sparse_hook),
+           "cf": _first_step_error(rank, SparseState(None, compressor="randomk", cf=[10, 20][rank]), sparse_hook),
+           "compressor": _first_step_error(rank, SparseState(None, compressor=["topk", "randomk"][rank]), sparse_hook),
+           "gravac": _first_step_error(rank, GraVACState(None, compressor="topk", epsilon=[0.5, 0.7][rank]),
+                                       gravac_hook),
+           "covap": _first_step_error(rank, CovapState(None, drop_rate=[2, 4][rank]), covap_hook)}
+    weights = []
+    for empty in (True, False):                               # the same options on both ranks: trains
+        model = torch.nn.parallel.DistributedDataParallel(WithEmpty(empty))
+        model.register_comm_hook(SparseState(None, compressor="topk", cf=4), sparse_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 8, generator=g)).pow(2).mean().backward()
+            opt.step()
+        weights.append([p.detach().clone() for p in model.parameters() if p.numel()])
+    out["weights"] = weights
+    return out
+
+
+@pytest.fixture(scope="module")
+def disagree_runs(tmp_path_factory):
+    return gloo_ranks(_disagree_work, tmp_path_factory.mktemp("disagree"), 2, 120)
+
+
+@pytest.mark.parametrize("option, shown", [
+    ("seed", "seed (rank 0: 0, rank 1: 1)"), ("cf", "cf (rank 0: 10.0, rank 1: 20.0)"),
+    ("compressor", 'compressor (rank 0: "topk", rank 1: "randomk")'), ("gravac", "epsilon (rank 0: 0.5, rank 1: 0.7)"),
+    ("covap", "drop_rate (rank 0: 2, rank 1: 4)")])
+def test_options_that_differ_between_ranks_are_refused_at_the_first_bucket(disagree_runs, option, shown):
+    """Instead of a hang, a gloo abort or (seed=rank with shared Random-k) model copies drifting
+    apart: one line on every rank, naming the option and each rank's value."""
+    for res in disagree_runs:
+        msg = res[option]
+        assert msg.startswith("hook options differ between ranks: ") and shown in msg and "\n" not in msg, msg
+    assert "same positions on every rank" in disagree_runs[0]["seed"]
+
+
+def test_ddp_with_an_empty_parameter_trains_as_without_it(disagree_runs):
+    (with0, without0), (with1, without1) = (r["weights"] for r in disagree_runs)
+    for a, b, c, d in zip(with0, without0, with1, without1):
+        assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -195,3 +198,81 @@ def test_sweep_key_sets_aside_only_what_the_method_ignores():
     assert key("gravac", name="dgc", cf=10) == key("gravac", name="dgc", cf=100)
     assert key("gravac", name="dgc", cf=10) != key("gravac", name="topk", cf=10)       # but not its compressor
     assert key("dense", name="topk", cf=10) == key("dense", name="dgc", cf=100)
+
+
+def test_lr_schedule_warm_up_then_milestones():
+    """Linear warm-up reaches lr at step warmup_steps - 1, then the milestones decay it; a decay is
+    flagged only when lr falls (a rising warm-up is not Accordion's 'after a decay')."""
+    from gravac.schema import TrainCfg
+    from gravac.train import lr_at
+    t = TrainCfg(lr=0.4, warmup_steps=4, milestones=[6], gamma=0.5)
+    assert [lr_at(t, s) for s in range(8)] == [0.1, 0.2, 0.30000000000000004, 0.4, 0.4, 0.4, 0.2, 0.2]
+    assert [lr_at(TrainCfg(lr=0.4), s) for s in (0, 5)] == [0.4, 0.4]
+
+
+# A network namespace of its own (gone with its last process, so nothing is left to clean up)
+# where the host name resolves to 192.0.2.2, an address of a veth interface: what made gloo listen
+# on the network (issue 33 case 3). $1: a hosts file mapping the name; the rest: the command.
+ROUTABLE_HOST = """set -e
+ip link set lo up
+ip link add gvbr0 type veth peer name gvbr1
+ip addr add 192.0.2.2/24 dev gvbr0
+ip link set gvbr0 up
+ip link set gvbr1 up
+mount --bind "$1" /etc/hosts
+hostname gravac-routable
+shift
+exec "$@"
+"""
+
+
+def _routable_host(hosts: Path, argv: list[str]) -> list[str]:
+    return ["unshare", "--net", "--uts", "--mount", "sh", "-c", ROUTABLE_HOST, "sh", str(hosts), *argv]
+
+
+def _listening(pid: int) -> list[str]:
+    """Local addresses of the listening TCP sockets in the network namespace of `pid`."""
+    out = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "ss", "-ltnH"], capture_output=True, text=True,
+                         check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if line.strip()]
+
+
+def test_a_one_machine_ddp_run_listens_on_loopback_only(tmp_path):
+    """Issue 33 case 3: gloo binds the address the host name resolves to; where that is routable
+    (192.0.2.2 here), a one-machine cluster=ddp run listened on the network. The run is made in a
+    namespace of its own whose host name resolves so (the only honest way to make that happen on
+    any machine), and while it trains every listening socket there must be on loopback."""
+    import ipaddress
+    import signal
+    import sys
+    from conftest import ROOT
+    missing = [t for t in ("unshare", "nsenter", "ip", "ss", "mount") if shutil.which(t) is None]
+    if missing or os.geteuid() != 0:
+        pytest.skip(f"needs root and {', '.join(missing) or 'unshare, nsenter, ip, ss'} for a network namespace")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n::1 localhost\n192.0.2.2 gravac-routable\n")
+    probe = subprocess.run(_routable_host(hosts, ["true"]), capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a network namespace with a veth here: {probe.stderr.strip()[-200:]}")
+    root = tmp_path / "results"
+    argv = [sys.executable, str(ROOT / "bench" / "run.py"), *SMALL, "train.steps=400", "cluster=ddp",
+            "cluster.workers=2", "cluster.threads=1", f"experiment.results_root={root}"]
+    with open(tmp_path / "out", "w") as out:
+        proc = subprocess.Popen(_routable_host(hosts, argv), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        t0 = time.time()
+        while not any(p.stat().st_size for p in root.glob("*/*/steps.jsonl")):   # the workers are connected
+            assert proc.poll() is None and time.time() - t0 < 240, (tmp_path / "out").read_text()[-2000:]
+            time.sleep(0.1)
+        listening = _listening(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)      # the launcher stops its workers at a step boundary
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert listening, "gloo listens on something; ss saw nothing"
+    hosts_seen = [a.rsplit(":", 1)[0].strip("[]") for a in listening]
+    assert all(ipaddress.ip_address(h).is_loopback for h in hosts_seen), listening

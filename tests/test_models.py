@@ -111,3 +111,14 @@ def test_vgg_mini_learns_synthetic(one_thread):
     with torch.no_grad():
         correct = sum((model(x).argmax(1) == y).sum().item() for x, y in ds.eval_batches(512))
     assert correct / ds.eval_size > 0.3  # chance is 0.1
+
+
+def test_resnet101_zero_init_residual_zeroes_each_blocks_last_batchnorm():
+    """model.zero_init_residual=true is torchvision's zero-gamma init (every Bottleneck's bn3 starts
+    at 0, so each block starts as its shortcut); off by default, as the paper builds the model."""
+    torch.manual_seed(0)
+    plain = build_model(model_cfg(name="resnet101"), 10, "classification")
+    zero = build_model(model_cfg(name="resnet101", zero_init_residual=True), 10, "classification")
+    bn3 = lambda m: [b.bn3.weight.detach() for layer in (m.layer1, m.layer2, m.layer3, m.layer4) for b in layer]  # noqa: E731
+    assert len(bn3(zero)) == 33 and all(float(w.abs().max()) == 0.0 for w in bn3(zero))
+    assert all(float(w.min()) == 1.0 for w in bn3(plain))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -221,8 +222,16 @@ def test_static_table_numbers(made):
     assert num(rows["Top-k 10x"]["steps_to_target"]) == pytest.approx(7)
     assert num(rows["GraVAC ε=0.7 (dgc)"]["mean_cf"]) == pytest.approx(10 * M / 460)
     assert num(rows["Top-k 10x"]["mean_cf"]) == pytest.approx(10)
+    # mean of the last 3 evaluations: Top-k 10x (.5+.6+.7)/3 and (.6+.65+.7)/3; two seeds -> CI = their range
+    top = rows["Top-k 10x"]
+    assert (num(top["last_k"]), num(top["last_k_metric_mean"])) == (3, pytest.approx(0.625))
+    assert (num(top["last_k_metric_lo"]), num(top["last_k_metric_hi"])) == (pytest.approx(0.6), pytest.approx(0.65))
+    assert (num(top["model_s_to_target_lo"]), num(top["model_s_to_target_hi"])) == (3, 4)
+    assert top["vs_dense_metric_verdict"] == top["vs_dense_time_verdict"] == "one seed: not tested"
+    assert top["vs_reference_metric_verdict"] == ""                 # it is the reference
+    assert rows["Dense"]["vs_reference_metric_verdict"] == "one seed: not tested"
     md = (out / "static_compression.md").read_text()
-    assert "+25.00 pp" in md and "not reached" in md
+    assert "+25.00 pp" in md and "not reached" in md and "95% CI: percentile bootstrap" in md
 
 
 def test_multilevel_table(made):
@@ -538,3 +547,61 @@ def test_eight_settings_of_other_methods_get_eight_colours(tmp_path):
     ctx = _context(tmp_path, runs)
     lines = _series_lines(figures.metric_vs_steps_figure(ctx))
     assert len(lines) == 8 and len({to_hex(ln.get_color()) for ln in lines}) == 8
+
+
+DAMAGE = {"null": "steps.jsonl record 4: step=null is not a step number",
+          "three": 'steps.jsonl record 4: step="three" is not a step number',
+          "nan": "steps.jsonl record 4: step=NaN is not a step number",
+          "four": "cluster.workers='four' is not a whole number (config.yaml)"}
+
+
+def damage(d: Path, kind: str) -> None:
+    """Damage run folder `d` as a hand edit or a broken writer could: the 4th step record's step
+    becomes null, "three" or NaN, or config.yaml says `cluster.workers: four`."""
+    if kind == "four":
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg["cluster"]["workers"] = "four"
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+        return
+    lines = (d / "steps.jsonl").read_text().splitlines()
+    rec = json.loads(lines[3])
+    rec["step"] = {"null": None, "three": "three", "nan": math.nan}[kind]
+    lines[3] = json.dumps(rec)
+    (d / "steps.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_damaged_runs_are_left_out_with_the_reason_and_the_rest_is_made(tmp_path, capsys):
+    exp = tmp_path / "runs"
+    write_run(exp, "dense", "dense", "none", 100.0, [1000.0] * 10, [.2, .4, .6, .8, .85], 1.0, 0.5)
+    write_run(exp, "gravac", "gravac", "dgc", 100.0, [100.0] * 10, [.2, .5, .6, .7, .8], 0.6, 0.3, extra=gravac_extra)
+    for kind in DAMAGE:
+        damage(write_run(exp, f"bad-{kind}", "static", "topk", 10.0, [100.0] * 10, [.1, .3, .5, .6, .7], 0.5, 0.4),
+               kind)
+    out = tmp_path / "out"
+    assert main([str(exp), "--out", str(out), "--formats", "png"]) == 0
+    text, index = capsys.readouterr().out, (out / "README.md").read_text()
+    for kind, why in DAMAGE.items():
+        assert f"skipped damaged run {exp / f'bad-{kind}'}: {why}" in text.splitlines()
+        assert f"- `{exp / f'bad-{kind}'}`: {why}" in index
+    assert "2 run(s), 2 setting(s), 1 context(s)" in text
+    assert (out / "floats_cumulative.png").exists() and len(read_csv(out / "comm_savings.csv")) == 1
+
+
+def _unwritable(tmp_path: Path) -> Path:
+    """A folder this process cannot create files in: mode 0o500, or for root (who ignores modes)
+    /sys, where nobody can."""
+    if os.geteuid() == 0:
+        return Path("/sys")
+    d = tmp_path / "read-only"
+    d.mkdir(mode=0o500)
+    return d
+
+
+def test_an_out_that_cannot_take_files_is_one_line(tmp_path, capsys):
+    runs = make_fixture(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    for out, why in ((tmp_path / "a-file", "is a file, not a folder"), (_unwritable(tmp_path), "cannot write into"),
+                     (tmp_path / "a-file" / "sub", "Not a directory")):
+        assert main([str(runs), "--out", str(out), "--formats", "png"]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and why in err and "give --out a folder you can write to" in err, err

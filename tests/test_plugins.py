@@ -150,3 +150,20 @@ def test_config_errors_know_the_plugins(conf):
     r = cli(conf, ["method=static", "compressor=topk", "compressor.offset=1"])
     assert r.returncode == 2 and "compressor.offset is not an option of compressor=topk" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_plugin_that_cannot_load_is_one_line(tmp_path):
+    """GRAVAC_PLUGINS naming a missing module, or a plug-in re-registering a built-in name: one
+    line saying which module and how to fix it, even for --help (which lists the plug-ins)."""
+    from conftest import run_cli_many
+    (tmp_path / "dup_topk.py").write_text("from compressors import COMPRESSORS, Compressor\n\n"
+                                          "@COMPRESSORS.register('topk')\nclass Mine(Compressor):\n    pass\n")
+    path = os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    missing, dup = run_cli_many([dict(args=["--help"], env={"GRAVAC_PLUGINS": "no_such_mod"}),
+                                 dict(args=["train.steps=1"], env={"GRAVAC_PLUGINS": "dup_topk", "PYTHONPATH": path})])
+    for r in (missing, dup):
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "plug-in module 'no_such_mod' (from GRAVAC_PLUGINS) is not found" in missing.stderr
+    assert "PYTHONPATH" in missing.stderr
+    assert "'dup_topk'" in dup.stderr and "compressor 'topk' is already registered" in dup.stderr
+    assert "another name" in dup.stderr

@@ -1,6 +1,7 @@
 """Runs survive interruption: kill-and-resume equality, Ctrl-C, config mismatch, concurrent runs."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -247,6 +248,99 @@ def test_a_damaged_checkpoint_stops_in_one_line_and_deletes_nothing(damaged_resu
     assert DAMAGE[case] in r.stderr and "Traceback" not in r.stderr
     assert (run / "steps.jsonl").read_text() == steps_before
     assert set(before) <= {p.relative_to(run) for p in run.rglob("*")}
+
+
+class _WritesAFile:
+    """Unpickled, it opens (so creates) `path`: what a crafted checkpoint could do to torch.load."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(two_checkpointed_runs, tmp_path):
+    """Issue 33 case 1: the checksum proves a file undamaged, not who wrote it. A rank file of the
+    right run and step whose pickle runs code, with its matching .sha256, is refused in one line
+    (checkpoints are loaded with weights_only=True) and the code never runs."""
+    a, _ = two_checkpointed_runs
+    run = tmp_path / a.name
+    shutil.copytree(a, run)
+    step = (run / "checkpoint" / "latest").read_text().strip()
+    pt, marker = run / "checkpoint" / step / "rank-0.pt", tmp_path / "written-by-the-pickle"
+    torch.save({"run": run.name, "step": int(step[len("step-"):]), "state": _WritesAFile(marker)}, pt)
+    (pt.parent / "rank-0.pt.sha256").write_text(hashlib.sha256(pt.read_bytes()).hexdigest() + "\n")
+    r = run_cli([*ARGS, "train.steps=12", f"experiment.results_root={tmp_path}", f"experiment.resume={run}"])
+    assert not marker.exists()
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "refusing to load it (it could run code)" in errors[0], r.stderr[-2000:]
+
+
+def test_a_state_that_is_not_plain_is_refused_when_saved(tmp_path):
+    """A plug-in whose state_dict holds a numpy scalar would write a checkpoint no resume can load:
+    the save says which entry, before anything is written."""
+    import numpy as np
+
+    from gravac.checkpoint import check_plain
+    check_plain({"model": {"w": torch.zeros(2)}, "t": (1, 2.0, None, "x", [True])})
+    with pytest.raises(TypeError, match=r"checkpoint state\['method'\]\['ewma'\] is a numpy.float64"):
+        check_plain({"method": {"ewma": np.float64(0.5)}})
+
+
+def _link_out(run: Path, outside: Path, case: str) -> None:
+    """Plant in `run` a symbolic link into the folder `outside` (made here, with something to lose)."""
+    outside.mkdir()
+    if case == ".lock to a file":            # the lock wrote its pid into the file
+        (outside / "precious.txt").write_text("precious\n")
+        (run / ".lock").unlink(missing_ok=True)
+        (run / ".lock").symlink_to(outside / "precious.txt")
+    elif case == "checkpoint/ to a folder":  # rotation deleted the folder's step-* folders
+        shutil.move(run / "checkpoint", outside / "checkpoint")
+        (outside / "checkpoint" / "step-00000099").mkdir()
+        (outside / "checkpoint" / "step-00000099" / "precious.txt").write_text("precious\n")
+        (run / "checkpoint").symlink_to(outside / "checkpoint", target_is_directory=True)
+    elif case == "steps.jsonl to a new file":   # opening the records created it
+        (run / "steps.jsonl").unlink()
+        (run / "steps.jsonl").symlink_to(outside / "created.jsonl")
+
+
+def _tree(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
+
+
+LINKS = [".lock to a file", "checkpoint/ to a folder", "steps.jsonl to a new file"]
+
+
+@pytest.fixture(scope="module")
+def linked_resumes(tmp_path_factory, two_checkpointed_runs):
+    """Each LINKS case: a copy of run a with the link planted, resumed (two at a time);
+    {case: (run folder, the outside folder, its contents before the resume, the resume's result)}."""
+    a, _ = two_checkpointed_runs
+    cases, jobs = {}, []
+    for case in LINKS:
+        root = tmp_path_factory.mktemp("linked")
+        run, outside = root / a.name, root / "outside"
+        shutil.copytree(a, run)
+        _link_out(run, outside, case)
+        cases[case] = (run, outside, _tree(outside))
+        jobs.append(dict(args=[*ARGS, "train.steps=12", f"experiment.results_root={root}", f"experiment.resume={run}"]))
+    return {case: (*cases[case], r) for case, r in zip(LINKS, run_cli_many(jobs))}
+
+
+@pytest.mark.parametrize("case", LINKS)
+def test_a_symlink_out_of_the_run_folder_is_never_written_through(linked_resumes, case):
+    """Issue 33 case 2: a link planted in a run folder made the lock overwrite another file with
+    its pid, checkpoint rotation delete another folder's contents, the records create a file
+    elsewhere. Every write, rename and delete goes through gravac.results.run_path: the run stops
+    in one line naming the link, and nothing outside the folder changes."""
+    run, outside, before, r = linked_resumes[case]
+    assert _tree(outside) == before
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    link = run / case.split(" ")[0].rstrip("/")
+    assert len(errors) == 1 and f"{link} is a symbolic link out of the run folder" in errors[0], r.stderr[-2000:]
 
 
 def test_a_second_process_on_a_running_folder_is_refused_with_the_holder(tmp_path):

@@ -44,6 +44,14 @@ def test_the_warning_states_time_differences_and_what_to_run_instead():
                         "experiment=mini_vgg (its CPU-scale study), or cluster.device=cuda on GPUs; going on")
 
 
+def test_a_linearly_scaled_lr_gets_no_lr_note():
+    """The note suggests the paper's lr scaled to this batch, never this run's own lr scaled again."""
+    (_, line) = paper_warning(run_of(["model=resnet101", "train.lr=0.0125"]), 5.0, 100)
+    assert line.startswith("warning: on a CPU run experiment=mini_resnet")
+    (_, line) = paper_warning(run_of(["model=resnet101", "train.lr=0.05"]), 5.0, 100)
+    assert "(train.lr=0.0125 scales it linearly)" in line
+
+
 def test_a_paper_sized_global_batch_gets_no_lr_note():
     (_, line) = paper_warning(run_of(["model=resnet101", "cluster.workers=32"]), 5.0, 100)
     assert line == ("warning: on a CPU run experiment=mini_resnet (its CPU-scale study), or cluster.device=cuda "

@@ -3,12 +3,17 @@
 The ImageFolder layout (root/cifar10/{train,test}/<class>/*.jpg, class folders sorted -> labels
 airplane..truck) is decoded once, in parallel processes, and cached as uint8 .npy arrays keyed by
 the source path and every file's size and mtime; later starts memory-map the cache in well under
-a second. torchvision's format is read directly (it is already an array); downloads are tried
-only when nothing is found and cfg.download is set.
+a second. torchvision's format is read directly (it is already an array), each file checked
+against the official MD5 and unpickled by an unpickler that admits only numpy arrays and plain
+values (torchvision's own reader would run whatever a crafted file holds); downloads (through
+torchvision) are tried only when nothing is found and cfg.download is set.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import pickle
 import socket
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -133,23 +138,70 @@ def _torchvision(cls, root: Path, download: bool, folder: str) -> dict[str, np.n
     present = (root / folder).is_dir()
     if not present and not download:
         raise FileNotFoundError(folder)
-    old = socket.getdefaulttimeout()
-    try:
-        socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # never hang forever on a dead network
-        out = {}
-        for split, train in (("train", True), ("test", False)):
+    if not present:
+        old = socket.getdefaulttimeout()
+        try:
+            socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # never hang forever on a dead network
             with undo_new_folders(root):   # torchvision makes `root` before it downloads
-                d = cls(str(root), train=train, download=download and not present)
-            present = True
-            out[f"{split}_x"], out[f"{split}_y"] = d.data, np.asarray(d.targets, dtype=np.int64)
-        return out
-    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
-        raise DataError(f"{folder} under {root} is incomplete or corrupt ({e}); delete it and download again, "
-                        f"or copy a good copy there") from None
-    except OSError as e:  # URLError, timeouts, disk errors during download/extract
-        raise _DownloadFailed(f"{e.__class__.__name__}: {getattr(e, 'reason', e)}") from None
-    finally:
-        socket.setdefaulttimeout(old)
+                _download(cls, root)
+        except RuntimeError as e:  # torchvision: the archive's MD5 differs
+            raise DataError(f"the {folder} download into {root} is corrupt ({e}); try again") from None
+        except OSError as e:  # URLError, timeouts, disk errors during download/extract
+            raise _DownloadFailed(f"{e.__class__.__name__}: {getattr(e, 'reason', e)}") from None
+        finally:
+            socket.setdefaulttimeout(old)
+    out = {}
+    for split, files in (("train", cls.train_list), ("test", cls.test_list)):
+        entries = [_read_batch(root / folder / name, md5) for name, md5 in files]
+        out[f"{split}_x"] = np.vstack([e["data"] for e in entries]).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        out[f"{split}_y"] = np.asarray([y for e in entries for y in e["labels"]], dtype=np.int64)
+    return out
+
+
+def _download(cls, root: Path) -> None:
+    """torchvision's download of `cls`'s archive into root (checked against its MD5), extracted."""
+    from torchvision.datasets.utils import download_and_extract_archive
+    download_and_extract_archive(cls.url, str(root), filename=cls.filename, md5=cls.tgz_md5)
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickles a CIFAR batch file allowing only what the official files hold (dicts, lists,
+    strings, numbers and numpy arrays): a crafted file cannot run code, as pickle.load lets it."""
+    ARRAYS = {"_reconstruct": np.ndarray((0,)).__reduce__()[0], "ndarray": np.ndarray, "dtype": np.dtype}
+    MODULES = ("numpy", "numpy.core.multiarray", "numpy._core.multiarray")
+
+    def find_class(self, module: str, name: str):
+        if module in self.MODULES and name in self.ARRAYS:
+            return self.ARRAYS[name]
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which no CIFAR file holds")
+
+
+def _read_batch(path: Path, md5: str) -> dict:
+    """One batch file of torchvision's format ({"data": uint8 (n, 3072), "labels" or "fine_labels"}),
+    read once, checked against the official file's MD5, then unpickled without running code."""
+    where = f"{path.parent.name} under {path.parent.parent}"
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"{where} is incomplete ({path.name}: {e.strerror}); delete it and download again, "
+                        "or copy a good copy there") from None
+    if hashlib.md5(raw).hexdigest() != md5:
+        raise DataError(f"{where} is incomplete or corrupt ({path.name} differs from the official file); delete "
+                        "it and download again, or copy a good copy there")
+    try:
+        entry = _BatchUnpickler(io.BytesIO(raw), encoding="latin1").load()
+        data = entry["data"]
+        labels = entry["labels"] if "labels" in entry else entry["fine_labels"]
+        ok = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == 3072 \
+            and isinstance(labels, list) and len(labels) == len(data) and all(type(y) is int for y in labels)
+    except Exception as e:   # a crafted or foreign pickle: refused before anything in it runs
+        why = (str(e) or "?").splitlines()[0]
+        raise DataError(f"{path} is not a CIFAR batch file ({type(e).__name__}: {why}); refusing to read it: "
+                        "replace it with the official file") from None
+    if not ok:
+        raise DataError(f"{path} is not a CIFAR batch file (expected uint8 data of n x 3072 and n integer labels); "
+                        "replace it with the official file")
+    return {"data": data, "labels": labels}
 
 
 def _where(root: Path) -> str:

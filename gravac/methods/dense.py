@@ -16,11 +16,7 @@ class Dense(Method):
     order = 0
 
     def step(self, grads, ctx: StepContext) -> StepResult:
-        buckets = self.env.buckets
-        sizes = [sum(self.sizes[i] for i in b) for b in buckets] if buckets else None
-        avg, comm = self.group.allreduce_mean(grads, bucket_elements=sizes)
-        pieces = [Piece(b, 0.0, [m]) for b, m in zip(buckets, comm.messages)] if buckets else None
-        return StepResult(grad=avg, cf=1.0, floats_sent=comm.floats, comm=comm, pieces=pieces)
+        return allreduce_dense(self, grads)
 
     @classmethod
     def label(cls, cfg, comp) -> str:
@@ -29,3 +25,13 @@ class Dense(Method):
     @classmethod
     def cf_text(cls, cfg, comp) -> str:
         return "1x"
+
+
+def allreduce_dense(method: Method, grads) -> StepResult:
+    """The dense step of `method`: every worker's full gradient averaged, in DDP's buckets when the
+    run's clock has them (one timeline piece per bucket), CF 1."""
+    buckets = method.env.buckets
+    sizes = [sum(method.sizes[i] for i in b) for b in buckets] if buckets else None
+    avg, comm = method.group.allreduce_mean(grads, bucket_elements=sizes)
+    pieces = [Piece(b, 0.0, [m]) for b, m in zip(buckets, comm.messages)] if buckets else None
+    return StepResult(grad=avg, cf=1.0, floats_sent=comm.floats, comm=comm, pieces=pieces)
