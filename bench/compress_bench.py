@@ -10,7 +10,8 @@ as a median:
                 C(g,10) + recompress(C(g,10), 100), and C(g,1000) alone against the recompress alone.
 Gradients are synthetic and heavy-tailed, ``randn * exp(randn)`` (a log-normal scale mixture of
 Gaussians, like real gradients whose per-coordinate scales vary over orders of magnitude); Top-k
-is also timed on plain ``randn`` ("normal"). Writes a CSV (atomically) and prints tables.
+is also timed on plain ``randn`` ("normal"); ``--dists vgg16fc1`` adds VGG16's tie-heavy structure
+(see synthetic_gradient). Writes a CSV (atomically) and prints tables.
 
     python bench/compress_bench.py [--sizes resnet101,vgg16,lstm | --numel 1000000] [--cfs 10,100,1000]
                                    [--repeats 3] [--quick] [--out results/compress_bench.csv]
@@ -58,8 +59,25 @@ class TorchTopK(Compressor):
 
 
 def synthetic_gradient(n: int, dist: str, seed: int) -> torch.Tensor:
-    """Heavy-tailed (randn * exp(randn)) or normal float32 data, reproducible from the seed."""
+    """Heavy-tailed (randn * exp(randn)) or normal float32 data, reproducible from the seed.
+
+    ``vgg16fc1``: the tie structure of VGG16's gradient at 32 px input. Its fc1 weight (4096 x
+    25088, 77% of the model) sees a 1x1 feature map replicated 49 times by AdaptiveAvgPool2d(7),
+    so its gradient outer(dL/dout, input) repeats every |value| 49 times (~1.6M distinct values
+    at full size), with zero rows and columns (ReLU / dropout: ~25M zeros); the rest are ordinary
+    heavy-tailed values at a smaller scale (the conv layers).
+    """
     torch.manual_seed(seed)
+    if dist == "vgg16fc1":
+        rows = min(4096, max(1, round(0.765 * n / 25088)))
+        u = torch.randn(rows) * torch.randn(rows).exp()
+        u[torch.rand(rows) < 0.15] = 0
+        v = (torch.randn(512) * torch.randn(512).exp()).abs()
+        v[torch.rand(512) < 0.12] = 0
+        fc1 = torch.outer(u, v.repeat_interleave(49)).reshape(-1)[:n]
+        rest = synthetic_gradient(n - fc1.numel(), "heavy", seed + 1).mul_(0.05)
+        cut = rest.numel() // 10  # the conv layers come first, fc2/fc3 after fc1
+        return torch.cat([rest[:cut], fc1, rest[cut:]])
     g = torch.randn(n)
     if dist == "heavy":
         g.mul_(torch.randn(n).exp_())
@@ -111,7 +129,7 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
     rows: list[dict] = []
     for dist in args.dists:
         x = synthetic_gradient(n, dist, args.seed)
-        names = args.compressors if dist == "heavy" else ["topk"]
+        names = ["topk"] if dist == "normal" else args.compressors
         comps = {name: build_compressor(name) for name in names}
         s = Suite(args.repeats, args.budget)
         s.add("pass", lambda: x.abs().sum())
@@ -203,7 +221,8 @@ def parse_args(argv):
     ap.add_argument("--numel", default=None, help="comma list of element counts (instead of --sizes)")
     ap.add_argument("--cfs", default="10,100,1000", help="compression factors")
     ap.add_argument("--compressors", default=",".join(COMPRESSORS.names()), help="comma list of compressors")
-    ap.add_argument("--dists", default="heavy,normal", help="heavy (randn*exp(randn), all compressors) and/or normal (Top-k only)")
+    ap.add_argument("--dists", default="heavy,normal", help="heavy (randn*exp(randn), all compressors), normal (Top-k only) "
+                    "and/or vgg16fc1 (VGG16's tie structure: fc1's 49-fold repeated values and zeros; all compressors)")
     ap.add_argument("--multilevel", default="10,1000", help="low,high CF of the multi-level comparison")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
                     help="skip the torch.topk-based Top-k (reference code) in the multi-level table")
@@ -233,8 +252,8 @@ def parse_args(argv):
     for c in a.compressors:
         if c not in COMPRESSORS:
             ap.error(f"unknown compressor {c!r}; valid: {', '.join(COMPRESSORS)}")
-    if set(a.dists) - {"heavy", "normal"} or len(a.multilevel) != 2 or a.repeats < 1 or min(a.cfs) < 1:
-        ap.error("need --dists from heavy,normal; --multilevel low,high; --repeats >= 1; CFs >= 1")
+    if set(a.dists) - {"heavy", "normal", "vgg16fc1"} or len(a.multilevel) != 2 or a.repeats < 1 or min(a.cfs) < 1:
+        ap.error("need --dists from heavy,normal,vgg16fc1; --multilevel low,high; --repeats >= 1; CFs >= 1")
     return a
 
 

@@ -9,9 +9,13 @@ Guaranteed band: down·k <= nnz <= k (so at least ceil(0.7k), and never empty). 
 adjustments end below down·k (rare; the reference would send that few) we send the exact top-k.
 
 Speed: every count the reference makes is a pass over the whole tensor. Here one cache-blocked
-pass collects the pool |x| >= down·thr0 and counts for thresholds at or above the pool's floor
-are taken from the pool, so the result is identical with ~1 pass instead of up to 11; only a
-second step down re-scans the tensor.
+pass collects the pool |x| >= thr0 and counts for thresholds at or above the pool's floor are
+taken from the pool (the count at the floor is the pool's size), so the result is identical with
+~1 pass instead of up to 11. When the first count is in the band (the usual case: the sample
+predicts it well) the pool is the selection, with no second pass over it; a step below the
+pool's floor re-scans the tensor down to ``down`` times that threshold. Outputs (positions, order,
+values, tie choices) are those of the pass-per-count algorithm, whose fallback pool floor
+(down·thr0, lowered on a step below it) is tracked for the exact-top-k case.
 Momentum correction (the other half of DGC) lives in :class:`ErrorFeedback` (``momentum=``).
 """
 from __future__ import annotations
@@ -88,15 +92,25 @@ class DGC(Compressor):
     def _select(self, a, k: int, cf: float, seed: int, check: bool):
         xp = ops(a)
         thr = self._threshold(a, cf, seed)
-        floor = thr * self.down
+        # The pool {|x| >= floor} starts at thr itself: when the first count is in the band (the
+        # usual case) the pool is the selection, with no second pass over it. ``ref_floor`` follows
+        # the floor the pass-per-count description's pool would have (down·thr, lowered to down·t
+        # below it): the exact-top-k fallback picks from that pool, so ties come out the same.
+        floor, ref_floor = thr, thr * self.down
         idx, vals = above(a, floor, check=check)[:2]
-        av = xp.abs(vals)
+        av = None  # |vals|, made when a count needs it
 
         def count(t: float) -> int:
-            nonlocal floor, idx, vals, av
+            nonlocal floor, ref_floor, idx, vals, av
+            if t < ref_floor:
+                ref_floor = t * self.down
             if t < floor:  # below the pool: rescan with room for one more step down
                 floor = t * self.down
                 idx, vals = above(a, floor)[:2]
+                av = None
+            if t == floor:  # the whole pool, no comparison needed
+                return idx.shape[0]
+            if av is None:
                 av = xp.abs(vals)
             return xp.count(av >= t)
 
@@ -111,11 +125,23 @@ class DGC(Compressor):
             cnt = count(thr)
 
         if cnt < self.down * k:  # adjustments ran out below the band: exact top-k instead
+            if ref_floor != floor:  # the reference pool {|x| >= ref_floor}, in index order
+                if ref_floor > floor:
+                    keep = xp.flatnonzero((xp.abs(vals) if av is None else av) >= ref_floor)
+                    idx, vals = idx[keep], vals[keep]
+                else:
+                    idx, vals = above(a, ref_floor)[:2]
             if idx.shape[0] < k:
                 idx, vals = topk_select(a, k, seed=seed)
             else:  # the pool {|x| >= floor} holds at least k: it contains the top-k
                 idx, vals = keep_top(idx, vals, k)
+        elif thr == floor:  # the pool is the selection
+            if cnt > k:  # as the reference: exact top-k among the selected
+                pos = top_positions(xp.abs(vals) if av is None else av, k)
+                idx, vals = idx[pos], vals[pos]
         else:
+            if av is None:
+                av = xp.abs(vals)
             pos = xp.flatnonzero(av >= thr)
             if pos.shape[0] > k:  # as the reference: exact top-k among the selected
                 pos = pos[top_positions(av[pos], k)]

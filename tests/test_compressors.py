@@ -15,6 +15,7 @@ from compressors import (DGC, ErrorFeedback, Layerwise, Payload, RandomK, RedSyn
                          dgc_warmup_cf, target_k)
 from compressors.arrays import native
 from compressors.randomk import _subset
+from compressors.topk import keep_top, topk_select
 
 CFS = [1.5, 10, 100, 1000]
 SIZES = [1, 7, 300, 4000, 2, 15692]  # layer sizes of a toy model (sum 20002)
@@ -305,6 +306,98 @@ def test_dgc_and_redsync_equal_full_pass_reference(n, cf, seed, spread, r_tol, a
         got_d, got_r = d.compress(x, cf, seed=seed), r.compress(x, cf, seed=seed)
     assert set(got_d.indices.tolist()) == naive_dgc(d, x, cf, seed)
     assert set(got_r.indices.tolist()) == naive_redsync(r, x, cf)
+
+
+def dgc_pass_per_count(d: DGC, a, k: int, cf: float, seed: int):
+    """DGC as its docstring states it, every count a full-tensor pass, with the implementation's
+    tie rules spelled out: the trimmed selection is top_positions of |x| over the selected in index
+    order; the exact-top-k fallback picks from the pool {|x| >= floor} (floor = down·thr0, lowered
+    to down·t whenever a count went below it), or runs Top-k when that pool holds fewer than k.
+    Returns (positions, values, path)."""
+    xp = carrays.ops(a)
+    av = xp.abs(a)
+    thr = d._threshold(a, cf, seed)
+    floor = thr * d.down
+    path = set()
+
+    def count(t):
+        nonlocal floor
+        if t < floor:
+            floor = t * d.down
+        return xp.count(av >= t)
+
+    cnt = count(thr)
+    for _ in range(d.max_adjust):
+        if cnt > d.up * k:
+            thr *= d.up
+            path.add("up")
+        elif cnt < d.down * k:
+            thr *= d.down
+            path.add("down")
+        else:
+            break
+        cnt = count(thr)
+    if cnt < d.down * k:
+        path.add("fallback")
+        pool = xp.flatnonzero(av >= floor)
+        if pool.shape[0] < k:
+            return (*topk_select(a, k, seed=seed), path)
+        idx, vals = keep_top(pool, a[pool], k)
+        return idx, vals, path
+    sel = xp.flatnonzero(av >= thr)
+    if sel.shape[0] > k:
+        path.add("trim")
+        sel = sel[carrays.top_positions(av[sel], k)]
+    return sel, a[sel], path
+
+
+def tie_heavy(kind: str, n: int, seed: int) -> torch.Tensor:
+    """Inputs with massive ties: VGG16's fc1 gradient structure (an outer product whose input is a
+    1x1 map replicated 49 times, so every |value| repeats 49 times, plus zero rows/columns) among
+    ordinary values; few distinct values; half zeros; all equal; all zero."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "vgg16_fc1":
+        u = torch.randn(max(1, n // 400), generator=g) * torch.exp(torch.randn(max(1, n // 400), generator=g))
+        u[torch.rand(u.numel(), generator=g) < 0.2] = 0
+        v = torch.randn(4, generator=g).abs()
+        v[0] = 0
+        fc1 = torch.outer(u, v.repeat_interleave(49)).reshape(-1)
+        rest = 0.05 * torch.randn(max(0, n - fc1.numel()), generator=g)
+        return torch.cat([rest[:rest.numel() // 3], fc1, rest[rest.numel() // 3:]])[:n]
+    if kind == "few":
+        return torch.randint(-3, 4, (n,), generator=g).float()
+    if kind == "half_zero":
+        x = torch.randn(n, generator=g)
+        return x * (torch.rand(n, generator=g) < 0.5)
+    if kind == "coarse":
+        return (4 * torch.randn(n, generator=g)).round() / 4
+    return torch.full((n,), 0.5 if kind == "equal" else 0.0)
+
+
+@pytest.mark.parametrize("arrays", ["numpy", "torch"])
+def test_dgc_equals_pass_per_count_on_ties(arrays):
+    """Pooled counting changes no output, ties included: the same positions in the same order and
+    the same values as the pass-per-count algorithm, on every path (steps up and down, trimming,
+    the exact-top-k fallback), for tie-heavy inputs of tiny to multi-block sizes."""
+    seen = set()
+    for kind in ["vgg16_fc1", "few", "half_zero", "coarse", "equal", "zero"]:
+        for n in [2, 7, 300, 5000, 30000]:
+            for seed in range(2):
+                x = tie_heavy(kind, n, seed)
+                for cf in [1.5, 10, 20, 40, 100, 160, 1000]:
+                    k = target_k(n, cf)
+                    if k >= n:
+                        continue
+                    for d in (DGC(), DGC(min_samples=8)):
+                        with backend(arrays):
+                            a = native(x)
+                            pos, vals = d._select(a, k, cf, seed, True)
+                            rpos, rvals, path = dgc_pass_per_count(d, a, k, cf, seed)
+                        seen |= path
+                        case = (kind, n, seed, cf, d.min_samples)
+                        assert torch.equal(torch.as_tensor(pos), torch.as_tensor(rpos)), case
+                        assert torch.equal(torch.as_tensor(vals), torch.as_tensor(rvals)), case
+    assert seen == {"up", "down", "trim", "fallback"}  # every path was exercised
 
 
 # ---------------------------------------------------------------- edge cases
