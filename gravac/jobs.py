@@ -44,10 +44,13 @@ def _tell(kind: str, value) -> None:
             pass
 
 
-def _child(conn, work: str, num: int, overrides: list[str]) -> None:
+def _child(conn, work: str, tag: bytes, key: bytes, num: int, overrides: list[str]) -> None:
     """A job's process: leave the terminal's process group (the sweep alone takes its signals),
     drop a signal that came while it started, run the job (pickled in the file `work`) and send
-    back its Outcome."""
+    back its Outcome. The file is unpickled only if its HMAC under the sweep's one-time `key`
+    (which reaches the job through multiprocessing's pipe, never a file) is `tag`: a file
+    changed or replaced by anyone else is refused before it can run code."""
+    import hmac
     import pickle
     global _PIPE
     os.setpgid(0, 0)
@@ -58,7 +61,10 @@ def _child(conn, work: str, num: int, overrides: list[str]) -> None:
     _PIPE = conn
     try:
         with open(work, "rb") as f:
-            out = pickle.load(f)(num, overrides)
+            data = f.read()
+        if not hmac.compare_digest(hmac.digest(key, data, "sha256"), tag):
+            raise RuntimeError(f"the sweep's work file {work} was changed by someone else; not loading it")
+        out = pickle.loads(data)(num, overrides)
     except BaseException as e:  # noqa: BLE001 - the sweep reports it; this process ends here
         out = Outcome("failed", f"crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     _tell("outcome", out)
@@ -101,7 +107,11 @@ class LocalJobs:
 
     def __init__(self, work, n: int, aborting=lambda: False):
         import cloudpickle
+        import hmac
+        import secrets
         self.work, self.n, self.aborting = cloudpickle.dumps(work), max(1, n), aborting
+        self.key = secrets.token_bytes(32)   # per sweep: only this process can sign the work file
+        self.tag = hmac.digest(self.key, self.work, "sha256")
 
     def run(self, jobs: list[tuple[int, list[str]]]) -> list[Outcome]:
         """Every job's Outcome, in order; after a stop, jobs not yet started do not start."""
@@ -133,7 +143,8 @@ class LocalJobs:
         """Start a job; a Ctrl-C while it starts (before it leaves the terminal's process group)
         waits, blocked, and is dropped there."""
         recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(send, work, num, overrides), name=f"sweep-job-{num}")
+        proc = ctx.Process(target=_child, args=(send, work, self.tag, self.key, num, overrides),
+                           name=f"sweep-job-{num}")
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             proc.start()

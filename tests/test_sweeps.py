@@ -656,3 +656,34 @@ def test_slurm_sweep_runs_each_cell_as_a_job_whose_tasks_are_the_ddp_workers(slu
     logs = list(tmp_path.glob("default/.multirun/*/.submitit/*/*_log.out"))
     assert len(logs) == 4, logs                     # 2 jobs x 2 tasks, run by SLURM
 
+
+
+class _Payload:
+    """A pickle that writes a file when loaded: what a crafted work file would hold."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def test_a_replaced_work_file_is_refused_and_runs_nothing(tmp_path):
+    """A job unpickles the sweep's work file only if it carries the sweep's HMAC: a file swapped
+    in by anyone else fails the job in one line and its pickle never runs."""
+    import multiprocessing
+    import pickle
+
+    from gravac.jobs import LocalJobs, _child
+    jobs = LocalJobs(_job_for_test, 1)
+    work, marker = tmp_path / "work.pickle", tmp_path / "ran"
+    work.write_bytes(pickle.dumps(_Payload(str(marker))))
+    ctx = multiprocessing.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, str(work), jobs.tag, jobs.key, 0, []))
+    proc.start()
+    send.close()
+    kind, out = recv.recv()
+    proc.join(60)
+    assert kind == "outcome" and out.status == "failed" and "was changed by someone else" in out.message
+    assert not marker.exists()
