@@ -66,6 +66,9 @@ def synthetic_gradient(n: int, dist: str, seed: int) -> torch.Tensor:
     so its gradient outer(dL/dout, input) repeats every |value| 49 times (~1.6M distinct values
     at full size), with zero rows and columns (ReLU / dropout: ~25M zeros); the rest are ordinary
     heavy-tailed values at a smaller scale (the conv layers).
+
+    ``zeros95``: heavy-tailed with 95% exact zeros (embedding rows outside the batch, dead units), so
+    at 10x and 20x the k-th magnitude is a tie at 0 that spans most of the tensor.
     """
     torch.manual_seed(seed)
     if dist == "vgg16fc1":
@@ -79,8 +82,10 @@ def synthetic_gradient(n: int, dist: str, seed: int) -> torch.Tensor:
         cut = rest.numel() // 10  # the conv layers come first, fc2/fc3 after fc1
         return torch.cat([rest[:cut], fc1, rest[cut:]])
     g = torch.randn(n)
-    if dist == "heavy":
+    if dist in ("heavy", "zeros95"):
         g.mul_(torch.randn(n).exp_())
+    if dist == "zeros95":
+        g[torch.rand(n) < 0.95] = 0
     return g
 
 
@@ -222,7 +227,8 @@ def parse_args(argv):
     ap.add_argument("--cfs", default="10,100,1000", help="compression factors")
     ap.add_argument("--compressors", default=",".join(COMPRESSORS.names()), help="comma list of compressors")
     ap.add_argument("--dists", default="heavy,normal", help="heavy (randn*exp(randn), all compressors), normal (Top-k only) "
-                    "and/or vgg16fc1 (VGG16's tie structure: fc1's 49-fold repeated values and zeros; all compressors)")
+                    "and/or vgg16fc1 (VGG16's tie structure: fc1's 49-fold repeated values and zeros; all compressors), "
+                    "zeros95 (heavy with 95%% exact zeros; all compressors)")
     ap.add_argument("--multilevel", default="10,1000", help="low,high CF of the multi-level comparison")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
                     help="skip the torch.topk-based Top-k (reference code) in the multi-level table")
@@ -252,8 +258,8 @@ def parse_args(argv):
     for c in a.compressors:
         if c not in COMPRESSORS:
             ap.error(f"unknown compressor {c!r}; valid: {', '.join(COMPRESSORS)}")
-    if set(a.dists) - {"heavy", "normal", "vgg16fc1"} or len(a.multilevel) != 2 or a.repeats < 1 or min(a.cfs) < 1:
-        ap.error("need --dists from heavy,normal,vgg16fc1; --multilevel low,high; --repeats >= 1; CFs >= 1")
+    if set(a.dists) - {"heavy", "normal", "vgg16fc1", "zeros95"} or len(a.multilevel) != 2 or a.repeats < 1 or min(a.cfs) < 1:
+        ap.error("need --dists from heavy,normal,vgg16fc1,zeros95; --multilevel low,high; --repeats >= 1; CFs >= 1")
     return a
 
 
