@@ -39,7 +39,8 @@ SIZES = {"resnet101": 44_549_160, "vgg16": 138_357_544, "lstm": 66_034_000}
 QUICK_NUMEL = 1_000_000
 COLUMNS = ["kind", "dist", "size", "numel", "compressor", "label", "cf", "threads", "runs", "median_s", "pass_s", "passes",
            "torch_topk_s", "speedup_vs_torch_topk", "same_set_as_torch", "nnz", "wire_bytes",
-           "direct_s", "multilevel_s", "multilevel_speedup", "direct_high_s", "recompress_s", "recompress_speedup"]
+           "direct_s", "multilevel_s", "multilevel_speedup", "direct_high_s", "recompress_s", "recompress_speedup",
+           "direct_repeats_s", "multilevel_repeats_s"]
 
 
 def _label(name: str) -> str:
@@ -120,6 +121,10 @@ class Suite:
     def runs(self, name: str) -> int:
         return len(self.times[name])
 
+    def timings(self, name: str) -> str:
+        """Every timed repeat of a case, ';'-separated (the figures' error bars come from these)."""
+        return ";".join(f"{t:.6g}" for t in self.times[name])
+
 
 def same_set(idx: torch.Tensor, ref_idx: torch.Tensor, x: torch.Tensor) -> str:
     """'yes' if the index sets agree, 'ties' if only tied magnitudes differ, else 'NO'."""
@@ -179,7 +184,8 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
                 rows.append(dict(base, kind="multilevel", compressor=name, label=_label(name), cf=hi,
                                  runs=s.runs(f"{name}/multi"), median_s=m, pass_s=pass_s, passes=m / pass_s, nnz=q.nnz, wire_bytes=q.wire_bytes(),
                                  direct_s=d, multilevel_s=m, multilevel_speedup=d / m, direct_high_s=h,
-                                 recompress_s=r, recompress_speedup=h / r))
+                                 recompress_s=r, recompress_speedup=h / r,
+                                 direct_repeats_s=s.timings(f"{name}/direct"), multilevel_repeats_s=s.timings(f"{name}/multi")))
         del x
     return rows
 

@@ -384,10 +384,14 @@ def test_reads_the_compression_benchmarks_own_csv(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = tmp_path / "cb.csv"
-    mod.main(["--quick", "--out", str(out)])
+    mod.main(["--quick", "--repeats", "3", "--out", str(out)])
     rows = multilevel_rows(str(out))
     assert {r["compressor"] for r in rows} >= {"topk", "dgc", "redsync", "randomk"}
     assert all(r["direct_s"] > 0 and r["multilevel_s"] > 0 and r["recompress_s"] > 0 for r in rows)
+    # every repeat is in the file, so the figure's error bars exist (issue 35)
+    assert all(len(r["direct_all"]) == len(r["multi_all"]) == 3 for r in rows)
+    from plots.figures import _bars_note
+    assert _bars_note(rows).startswith("error bars: 95% CI")
 
 
 # ---------------------------------------------------------------------------------------------
