@@ -609,3 +609,38 @@ def test_an_out_that_cannot_take_files_is_one_line(tmp_path, capsys):
         assert main([str(runs), "--out", str(out), "--formats", "png"]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and why in err and "give --out a folder you can write to" in err, err
+
+
+# ---------------------------------------------------------------------------------------------
+# python -m plots.compare (issue 41, item 3)
+
+def test_compare_two_committed_settings(tmp_path, capsys):
+    """Dense against Top-k 10x over the committed vgg_mini seeds: means, CIs, n and verdicts, and
+    the table and figure written with --out."""
+    from plots.compare import main
+    runs = ROOT / "results" / "reference" / "mini_vgg" / "runs"
+    paths = [str(p) for p in sorted(runs.glob("dense-s*"))] + [str(p) for p in sorted(runs.glob("top-k-10x-s*"))]
+    assert len(paths) == 10
+    assert main([*paths, "--out", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert "- Dense (n=5)" in out and "- Top-k 10x (n=5)" in out
+    assert "last-3 mean              68.27 [" in out          # REPRODUCING: dense last-3 mean 68.27%
+    assert "worse (-5.34 pp [" in out and "reached                  5 of 5" in out
+    rows = list(csv.DictReader(open(tmp_path / "cmp" / "compare.csv")))
+    assert [r["setting"] for r in rows] == ["Dense", "Top-k 10x"]
+    assert rows[0]["time_vs_baseline"] == "baseline" and rows[1]["time_vs_baseline"].startswith("slower")
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000
+    # the other setting as baseline flips the verdict
+    assert main([*paths, "--baseline", "Top-k 10x"]) == 0
+    assert "better (+5.34 pp [" in capsys.readouterr().out
+
+
+def test_compare_mistakes_are_one_line(tmp_path, capsys):
+    from plots.compare import main
+    assert main([str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no runs found in") and err.count("\n") == 1
+    run = str(ROOT / "results" / "reference" / "mini_vgg" / "runs" / "dense-s0")
+    assert main([run, "--baseline", "Nope"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: no setting is labelled 'Nope'; settings: Dense\n"
