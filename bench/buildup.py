@@ -54,11 +54,11 @@ import torch  # noqa: E402
 from compressors import ErrorFeedback, Payload, target_k  # noqa: E402
 from compressors.arrays import above, native  # noqa: E402
 from compressors.topk import topk_select  # noqa: E402
-from gravac.comm import SimGroup  # noqa: E402
+from gravac.cluster.comm import SimGroup  # noqa: E402
 from gravac.methods import StepContext, build_method  # noqa: E402
 from gravac.methods.exdyna import select  # noqa: E402
-from gravac.netmodel import NetworkModel  # noqa: E402
-from gravac.results import atomic_write  # noqa: E402
+from gravac.cluster.netmodel import NetworkModel  # noqa: E402
+from gravac.core.io import atomic_write  # noqa: E402
 
 HOLD_LO, HOLD_HI = 0.9, 1.1                         # settling criterion on union / K (held)
 METHODS = ("topk", "topk_split", "topk_shared", "micro", "exdyna")
@@ -71,7 +71,7 @@ def family_config(experiment: str, workers: int, extra: list[str] | None = None)
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from gravac.config import build_config, register_base
+    from gravac.config.compose import build_config, register_base
     register_base()
     overrides = [f"experiment={experiment}", f"cluster.workers={workers}", *(extra or [])]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -83,7 +83,7 @@ def gradient_pool(experiment: str, pool: int, warmup: int, seed: int):
     """(d, network model, `pool` real per-worker gradients after `warmup` dense SGD steps)."""
     from gravac.data import load_dataset
     from gravac.models import build_model
-    from gravac.workers import Workers
+    from gravac.loop.workers import Workers
     cfg = family_config(experiment, pool)
     torch.manual_seed(seed)
     ds = load_dataset(cfg.dataset)
@@ -126,7 +126,7 @@ class SharedTopK:
 
 def build(name: str, group: SimGroup, sizes: list[int], cf: float, k: int):
     """The study's method `name` on `group` (module docstring)."""
-    from gravac.config import build_config
+    from gravac.config.compose import build_config
     numel, n = sum(sizes), group.world
     if name == "topk_shared":
         return SharedTopK(group, numel, k)

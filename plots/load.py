@@ -12,7 +12,6 @@ files: cumulative quantities are cumulative sums of steps.jsonl, cross-checked w
 """
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import os
@@ -21,6 +20,8 @@ from typing import Any, Iterable
 
 import numpy as np
 import yaml
+
+from gravac.core.io import read_jsonl
 
 
 RUN_MARKERS = ("steps.jsonl", "steps.jsonl.gz", "summary.json")
@@ -53,32 +54,6 @@ def find_runs(paths: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
                     runs.append(root)
                 dirs[:] = []
     return runs, csvs, missing
-
-
-def read_jsonl(path: str) -> tuple[list[dict], int]:
-    """The JSON objects of a JSONL file (or of PATH.gz when only that exists) and the number of
-    non-empty lines that did not parse."""
-    out, bad = [], 0
-    if not os.path.exists(path) and os.path.exists(path + ".gz"):
-        path += ".gz"
-    opener = gzip.open if path.endswith(".gz") else open
-    try:
-        with opener(path, "rt", errors="replace") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    bad += 1
-                    continue
-                if isinstance(rec, dict):
-                    out.append(rec)
-                else:
-                    bad += 1
-    except (OSError, EOFError):  # EOFError: a truncated .gz; what was read so far is kept
-        return out, bad + 1 if os.path.exists(path) else 0
-    return out, bad
 
 
 def _read_mapping(path: str, loader) -> tuple[dict | None, str | None]:

@@ -20,7 +20,7 @@ import pytest
 
 from compressors import COMPRESSORS, Compressor, CompressorCfg, option
 from gravac.methods import METHODS, CompressingMethod
-from gravac.schema import MethodCfg
+from gravac.core.schema import MethodCfg
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -59,7 +59,7 @@ import torch
 from compressors import ErrorFeedback, Payload, option, target_k
 from compressors.arrays import above, native
 from gravac.methods.base import METHODS, Method, RunStats, StepContext, StepResult, raise_diverged
-from gravac.schema import MethodCfg
+from gravac.core.schema import MethodCfg
 
 UP_FAST, UP_SLOW, DOWN = 1.005, 1.00125, 0.995     # threshold factors of the code
 EXAM_HIGH, EXAM_LOW = 1.1, 0.909                     # K_prev/k bands of the code
@@ -148,7 +148,7 @@ class Exclusive(Method):
 
     def __init__(self, cfg, compressor, env):
         super().__init__(cfg, compressor, env)
-        from gravac.errors import UserError
+        from gravac.core.errors import UserError
         if self.numel < self.group.world:
             raise UserError(f"method={self.name} needs at least one gradient element per worker "
                             f"({self.numel} < {self.group.world} workers)")
@@ -304,7 +304,7 @@ class ExDyna(Exclusive):
         super().__init__(cfg, compressor, env)
         n = self.group.world
         self.n_blocks, self.block, self.rem = block_layout(self.numel, cfg.blocks, cfg.align)
-        from gravac.errors import UserError
+        from gravac.core.errors import UserError
         if self.n_blocks < n:
             raise UserError(f"method.blocks={cfg.blocks} gives {self.n_blocks} blocks for {n} workers; "
                             "use at least one block per worker")

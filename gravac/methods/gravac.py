@@ -40,7 +40,7 @@ Choices where the paper leaves room (all parameters in cfg.method; defaults in b
      cf_min: the intermediate CFs get one window each.]
   Scaling down happens only per step, through ε (fall back to cf_min, then dense).
 - Gain definition [`gain`="paper"]: "code" decides on the authors' code's gain instead
-  (gravac/gains.py: Σ_l||C(g_o)_l|| over Σ_l||g_l|| of the raw gradient, each side smoothed by a
+  (gravac/methods/gains.py: Σ_l||C(g_o)_l|| over Σ_l||g_l|| of the raw gradient, each side smoothed by a
   sliding-window EWMA, `gain_window`, `gain_alpha`), summed over workers so all decide alike; the
   controller then takes the smoothed gains as they are (its own EWMA off) and, as in the code, the
   candidate's smoothing is not restarted when the candidate CF changes. Both definitions are
@@ -55,11 +55,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from compressors import Payload
-from compressors.registry import option
-from gravac.gains import CodeGain, layer_norm_sum, payload_layer_norm_sum, segment_bounds
+from gravac.core.registry import option
+from gravac.methods.gains import CodeGain, layer_norm_sum, payload_layer_norm_sum, segment_bounds
 from gravac.methods.base import (METHODS, CompressingMethod, Compressed, RunStats, StepContext, StepResult,
                                  raise_diverged)
-from gravac.schema import MethodCfg
+from gravac.core.schema import MethodCfg
 
 
 @dataclass
@@ -76,7 +76,7 @@ class GraVACCfg(MethodCfg):
     reset_step: bool = False             # restart cs at `step` after cf_min is raised
     tcomp: str = option("mean", choices=("mean", "last"))       # T_compression: mean since the window began | last
     grow_if: str = option("always", choices=("always", "accepted"))   # grow cs every window | while accepted
-    gain: str = option("paper", choices=("paper", "code"))      # which gain decides (gravac/gains.py)
+    gain: str = option("paper", choices=("paper", "code"))      # which gain decides (gravac/methods/gains.py)
     gain_window: int = option(25, check=lambda v: v >= 1, valid=">= 1")          # gain=code: sliding window
     gain_alpha: float = option(0.05, check=lambda v: 0 < v <= 1, valid="in (0, 1]")   # gain=code: EWMA alpha
 
@@ -286,7 +286,7 @@ def controller_for(cfg: GraVACCfg, world: int) -> GraVACController:
                             alpha, reset_step=cfg.reset_step, tcomp=cfg.tcomp, grow_if=cfg.grow_if)
 
 
-def _ratio(num: float, den: float) -> float:
+def ratio(num: float, den: float) -> float:
     """A gain from cluster sums; 1 when there is nothing to compress (den 0)."""
     return num / den if den > 0 else 1.0
 
@@ -358,8 +358,8 @@ class GraVAC(CompressingMethod):
         sums = [sum(r[i] for r in table) for i in range(3)]
         other = [sum(col) for col in zip(*self.group.bookkeeping([o() for o in others]))]   # records only
         paper, code = (other, sums) if self.code else (sums, other)
-        raw = {"paper": [_ratio(paper[1], paper[0]), _ratio(paper[2], paper[0])],
-               "code": [_ratio(code[1], code[0]), _ratio(code[2], code[0])]}
+        raw = {"paper": [ratio(paper[1], paper[0]), ratio(paper[2], paper[0])],
+               "code": [ratio(code[1], code[0]), ratio(code[2], code[0])]}
         smoothed_code = [self.code_min.update(code[1], code[0]), self.code_c.update(code[2], code[0])]
         d_min, d_c = smoothed_code if self.code else raw["paper"]
         dec = ctl.step(ctx.step, d_min, d_c, max(r[3] for r in table), ctx.samples)

@@ -4,7 +4,7 @@ Per-layer compression pays a fixed cost per tensor and per message; whole-model 
 start before backward ends. MergeComp merges consecutive gradient tensors, in backward order, into
 y groups; each group is error-compensated and compressed once, as one flat tensor, as soon as its
 last gradient is ready, and sent as its own message(s). The step returns one timeline `Piece` per
-group, so the overlap model (gravac/timeline.py) knows when each group can go. `groups=1` is
+group, so the overlap model (gravac/cluster/timeline.py) knows when each group can go. `groups=1` is
 whole-model compression, `groups=0` one group per parameter tensor (layer-wise).
 
 The partition (public code Crystal-wxy/mergeComp, scheduler/scheduler.py and memory/memory_pool.py):
@@ -71,7 +71,7 @@ import torch
 
 from compressors import COMPRESSORS, COUNT_BYTES, ErrorFeedback, Payload, option
 from compressors.base import mix_seed
-from gravac.comm import CommStats
+from gravac.cluster.comm import CommStats
 from gravac.methods.base import (
     METHODS,
     CompressingMethod,
@@ -80,8 +80,8 @@ from gravac.methods.base import (
     StepResult,
     raise_diverged,
 )
-from gravac.schema import MethodCfg
-from gravac.timeline import Piece, on_profile
+from gravac.core.schema import MethodCfg
+from gravac.cluster.timeline import Piece, on_profile
 
 SEARCHES = ("binary", "exhaustive", "greedy", "none")
 MAX_RECORDED = 200          # candidates' modelled times kept in a record
@@ -213,7 +213,7 @@ class MergeComp(CompressingMethod):
 
     def __init__(self, cfg: MergeCompCfg, compressor, env):
         super().__init__(cfg, compressor, env)
-        from gravac.errors import UserError
+        from gravac.core.errors import UserError
         self.flat = COMPRESSORS[compressor.name].target.from_config(compressor)
         self.memories = []                                   # per worker, per group (set_partition)
         self.bwd = [i for b in env.buckets for i in b] if env.buckets else list(reversed(range(len(self.sizes))))

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 
-from gravac.netmodel import NetworkModel
-from gravac.schema import RunConfig
+from gravac.cluster.netmodel import NetworkModel
+from gravac.core.schema import RunConfig
+from gravac.methods import method_class
 
 
 class Summary:
@@ -35,7 +36,6 @@ class Summary:
         self.explanation: str | None = None    # the method's closing line (Method.explain)
         self.resume_command: str | None = None   # set when a stop checkpointed the run
         self.cf_hist: dict[str, int] = {}
-        from gravac.config import method_class
         self.setting = method_class(cfg.method.name).describe(cfg.method, cfg.compressor)
 
     @property

@@ -14,13 +14,13 @@ norm at init is 17.9 and lr 0.0125 trains stably from the first step.
 """
 from __future__ import annotations
 
-from gravac.registry import registries
-from gravac.schema import RunConfig
+from gravac.core.schema import RunConfig
+from gravac.models.registry import MODELS
 
 
 def paper_setting(run: RunConfig) -> dict | None:
     """The paper's setting declared for the run's model (workers, batch_size, lr, device), or None."""
-    return registries()["model"][run.model.name].extra.get("paper")
+    return MODELS.load()[run.model.name].spec.paper
 
 
 def _global_batches(run: RunConfig, paper: dict) -> tuple[int, int]:
@@ -59,8 +59,8 @@ def paper_warning(run: RunConfig, step_s: float, steps: int) -> list[str]:
     gaps = paper_gap(run)
     if not gaps:
         return []
-    entry = registries()["model"][run.model.name]
-    instead = f"{entry.extra['cpu_preset']} (its CPU-scale study)" if entry.extra.get("cpu_preset") else "a smaller model"
+    entry = MODELS.load()[run.model.name]
+    instead = f"{entry.spec.cpu_preset} (its CPU-scale study)" if entry.spec.cpu_preset else "a smaller model"
     return [f"warning: model={run.model.name} is a paper-scale preset, here with {'; '.join(gaps)}: about "
             f"{duration(step_s * steps)} for {steps} steps ({step_s:.1f} s a step, from the device profile)",
             f"warning: {lr_note(run)}on a CPU run {instead}, or cluster.device=cuda on GPUs; going on"]

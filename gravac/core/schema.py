@@ -1,6 +1,6 @@
 """Typed configuration objects: the plain dataclasses every part of the library receives.
 
-Hydra composes YAML from conf/; gravac.config turns that into these objects in one place. Each
+Hydra composes YAML from conf/; gravac.config.compose turns that into these objects in one place. Each
 pluggable section (model, dataset, compressor, method) is the base class below or, for a chosen
 plug-in, the config subclass it registered with its own options (e.g. GraVACCfg). Valid ranges and
 choices are declared on the fields (`option`), so validation and its messages derive from here.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from compressors import CompressorCfg, option
+from gravac.core.registry import option
 
 __all__ = ["ModelCfg", "DatasetCfg", "CompressorCfg", "MethodCfg", "ClusterCfg", "NetworkCfg", "ClockCfg", "TrainCfg",
            "LoggerCfg", "ExperimentCfg", "RunConfig", "SECTIONS", "PLUGGABLE"]
@@ -28,6 +28,15 @@ class DatasetCfg:
     root: str = "./data"                # default from $GRAVAC_DATA_DIR (see config.base_node)
     cache_dir: str = ""                 # decoded-array cache; "" -> $GRAVAC_CACHE_DIR or ~/.cache/gravac-bench
     eval_split: str = option("test", choices=("test", "valid"))
+
+
+@dataclass
+class CompressorCfg:
+    """Options every compressor has; a compressor's own options subclass this (see gravac/core/registry.py)."""
+    name: str = "none"
+    cf: float = option(100.0, check=lambda v: v >= 1, valid=">= 1 (CF = dense size / sent size)")
+    granularity: str = option("layer", choices=("layer", "flat"))   # per parameter tensor | one flat tensor
+    error_feedback: bool = True
 
 
 @dataclass
@@ -65,7 +74,7 @@ class NetworkCfg:
 
 @dataclass
 class ClockCfg:
-    """Where modelled step times come from (gravac/profile.py): a device profile and compression
+    """Where modelled step times come from (gravac/cluster/profile.py): a device profile and compression
     costs measured once and cached (reproducible), or each step's own measurement."""
     compute: str = option("profile", choices=("profile", "measured"))     # forward + backward time
     compress: str = option("profile", choices=("profile", "measured"))    # compression operations

@@ -1,5 +1,5 @@
 """Runs and sweeps as Hydra starts them: the task function every job runs (in this process, in
-a process of its own under hydra/launcher=joblib (gravac/jobs.py), or in a SLURM job), and the
+a process of its own under hydra/launcher=joblib (gravac/run/jobs.py), or in a SLURM job), and the
 submitting side of a sweep (`bench/run.py -m`), which the sweeper plug-in
 `hydra_plugins/gravac_sweeper` drives whatever the launcher.
 
@@ -20,21 +20,15 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-from gravac.checkpoint import STOP_ENV, request_stop, stop_requested
-from gravac.config import ConfigError, build_config, register_resolvers, same_run_line, sweep_key, unique_id
-from gravac.errors import Interrupted, UserError
-from gravac.jobs import Outcome, tell_run_dir
+from gravac.loop.checkpoint import STOP_ENV, request_stop, stop_requested
+from gravac.config.compose import ConfigError, build_config, register_resolvers, same_run_line, sweep_key, unique_id
+from gravac.core.errors import Interrupted, UserError
+from gravac.cluster.host import cores
+from gravac.run.jobs import Outcome, tell_run_dir
 
 NOTHING_TO_RESUME = "interrupted before the first step; nothing to resume"
 
 register_resolvers()   # a job's own process (joblib, SLURM) resolves its sweep folder too
-
-
-def cores() -> int:
-    """CPU cores this process may use: the SLURM allocation's, else its affinity mask's."""
-    if os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
-        return max(1, int(os.environ["SLURM_CPUS_PER_TASK"]))
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,7 +99,7 @@ def _signals_interrupt():
 
 def run(run_cfg, overrides: list[str], started=None) -> None:
     """Launch one run; inside a SLURM job step of several tasks each task is one ddp worker."""
-    from gravac.launch import launch
+    from gravac.run.launch import launch
     launch(slurm_task(run_cfg), overrides=overrides, started=started)
 
 
@@ -158,7 +152,7 @@ class Plan:
     """Runs a sweep's batches through `launcher`: duplicates of earlier cells are said and dropped
     before launch, jobs sharing this machine's cores get a thread count, a Ctrl-C or SIGTERM here
     reaches jobs in other processes through the sweep's own stop file. `load(overrides)` composes
-    a job. The joblib launcher's jobs run through gravac.jobs (one process each)."""
+    a job. The joblib launcher's jobs run through gravac.run.jobs (one process each)."""
 
     def __init__(self, launcher, load, sweep_dir: str, total: int):
         self.launcher, self.load = launcher, load
@@ -203,7 +197,7 @@ class Plan:
 
     def _here(self, jobs: list[tuple[int, list[str]]]) -> list[Outcome]:
         """The joblib launcher's jobs (grid number, overrides), n_jobs at a time on this machine."""
-        from gravac.jobs import LocalJobs, hydra_work
+        from gravac.run.jobs import LocalJobs, hydra_work
         runner = LocalJobs(hydra_work(self.launcher), parallel_jobs(self.launcher, len(jobs)), lambda: self.aborting)
         return runner.run(jobs)
 
@@ -300,7 +294,7 @@ def finish(report: Report | None) -> int:
     when it was stopped, 2 when a job failed, else 0."""
     if report is None:
         return 0
-    from gravac.launch import command_line
+    from gravac.run.launch import command_line
     stopped = [o for _, _, o in report.jobs if o.status == "interrupted"]
     failed = [(n, ov, o) for n, ov, o in report.jobs if o.status == "failed"]
     waiting = [(n, ov) for n, ov, o in report.jobs if o.status == "not started"]

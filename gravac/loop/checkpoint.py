@@ -23,8 +23,8 @@ from collections import OrderedDict
 
 import torch
 
-from gravac.errors import UserError
-from gravac.results import atomic_write, open_new, run_path
+from gravac.core.errors import UserError
+from gravac.core.io import atomic_write, open_new, run_path
 
 
 class Checkpointer:
@@ -183,7 +183,7 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-STOP_ENV = "GRAVAC_SWEEP_STOP"      # a sweep's stop file (gravac.sweep), inherited by its jobs
+STOP_ENV = "GRAVAC_SWEEP_STOP"      # a sweep's stop file (gravac.run.sweep), inherited by its jobs
 
 
 def stop_requested() -> bool:

@@ -13,19 +13,19 @@ from dataclasses import dataclass
 
 import torch
 
-from gravac.checkpoint import Checkpointer, StopFlag, stop_note
-from gravac.clock import Clock
-from gravac.comm import Group
+from gravac.loop.checkpoint import Checkpointer, StopFlag, stop_note
+from gravac.cluster.clock import Clock
+from gravac.cluster.comm import Group
 from gravac.data import load_dataset
-from gravac.errors import DivergedError, Interrupted, UserError
-from gravac.evaluate import Evaluator
-from gravac.heartbeat import beat
-from gravac.methods import RunStats, StepContext, build_method
+from gravac.core.errors import DivergedError, Interrupted, UserError
+from gravac.loop.evaluate import Evaluator
+from gravac.loop.heartbeat import beat
+from gravac.methods import RunStats, StepContext, build_method, method_class
 from gravac.models import build_model, count_parameters
-from gravac.scale import paper_warning
-from gravac.schema import RunConfig, TrainCfg
-from gravac.summary import Summary
-from gravac.workers import Workers
+from gravac.loop.scale import paper_warning
+from gravac.core.schema import RunConfig, TrainCfg
+from gravac.loop.summary import Summary
+from gravac.loop.workers import Workers
 
 
 def lr_at(cfg: TrainCfg, step: int) -> float:
@@ -72,7 +72,6 @@ class Parts:
 
 def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
     """Data, model, workers, method, optimizer, evaluator and summary for this process."""
-    from gravac.config import method_class
     torch.manual_seed(cfg.train.seed)
     dataset = load_dataset(cfg.dataset)
     model = build_model(cfg.model, dataset.num_classes, dataset.task).to(device)

@@ -1,9 +1,9 @@
 """The run's clock: each step's measured seconds and its modelled seconds, serial and overlapped.
 
 Modelled time is a deterministic function of the run's trajectory (what was sent, step by step),
-the device profile and the compression cost table (gravac/profile.py), and the network model:
+the device profile and the compression cost table (gravac/cluster/profile.py), and the network model:
 - `step_model_s`: compute + compression + communication + optimizer, in series;
-- `step_overlap_model_s`: the same work scheduled as DDP overlaps it (gravac/timeline.py): DDP-
+- `step_overlap_model_s`: the same work scheduled as DDP overlaps it (gravac/cluster/timeline.py): DDP-
   style buckets (dense) or a method's pieces are sent while backward still runs.
 `network.overlap` says which of the two is "the" modelled time (time-to-target, GraVAC's
 T_system); measured wall time (`step_wall_s`) is recorded beside both. `clock.compute` and
@@ -15,8 +15,8 @@ import dataclasses
 
 import torch
 
-from gravac.errors import UserError
-from gravac.profile import (
+from gravac.core.errors import UserError
+from gravac.cluster.profile import (
     DeviceProfile,
     OpCosts,
     fingerprint,
@@ -24,7 +24,7 @@ from gravac.profile import (
     machine_key,
     profile_dir,
 )
-from gravac.timeline import Piece, buckets, schedule
+from gravac.cluster.timeline import Piece, buckets, schedule
 
 
 class Clock:
@@ -43,7 +43,7 @@ class Clock:
     def build(cls, cfg, workers, group, say=print) -> "Clock":
         """The device profile (cached, or measured now on rank 0 and shared), the cost table and
         the DDP-style buckets of this run. A named device (clock.machine) is read-only unless
-        clock.extend_machine (gravac/profile.py)."""
+        clock.extend_machine (gravac/cluster/profile.py)."""
         c = cfg.clock
         threads = torch.get_num_threads()
         host = machine_key(threads, cfg.cluster.device)
@@ -150,7 +150,7 @@ class Clock:
                             "cap_mb": self.cfg.network.bucket_cap_mb, "first_mb": self.cfg.network.first_bucket_mb,
                             "requested": self.cfg.network.buckets},
                 "model": "step_model_s = compute + compression + communication + optimizer (serial); "
-                         "step_overlap_model_s = DDP-like schedule of buckets/pieces (gravac/timeline.py)"}
+                         "step_overlap_model_s = DDP-like schedule of buckets/pieces (gravac/cluster/timeline.py)"}
 
 
 def _model(res) -> float:

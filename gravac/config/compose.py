@@ -2,7 +2,7 @@
 
 Every user mistake (wrong type, out-of-range value, unknown option or key) becomes a ConfigError
 whose message is one line naming the key, the bad value and what would be valid. What is valid
-comes from the schema's field declarations and the plug-in registries (gravac.registry), never
+comes from the schema's field declarations and the plug-in registries (gravac.config.plugins), never
 from lists kept here.
 
 A pluggable section (model, dataset, compressor, method) becomes the config class its chosen
@@ -13,22 +13,17 @@ another registered plug-in are dropped, unless given on the command line, where 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import secrets
-import types
-import typing
 from typing import Any, Mapping
 
 from compressors import NO_COMPRESSOR
-from compressors.registry import field_errors, own_fields
-from gravac import schema
-from gravac.registry import registries
-from gravac.schema import PLUGGABLE, SECTIONS, RunConfig
-
-
-class ConfigError(ValueError):
-    """A config value a user typed is wrong; the message is one line meant for the user."""
+from gravac.config.plugins import registries
+from gravac.core import schema
+from gravac.core.check import ConfigError, _build, check_section, checked  # noqa: F401 (ConfigError, checked: API)
+from gravac.core.registry import own_fields
+from gravac.core.schema import PLUGGABLE, SECTIONS, RunConfig
+from gravac.methods import method_class
 
 
 def build_config(cfg: Any, overrides: list[str] | None = None) -> RunConfig:
@@ -94,48 +89,6 @@ def not_an_option(kind: str, name: str, key: str) -> str:
     return f"{kind}.{key} is not an option of {kind}={name}; its options: {', '.join(opts) or 'none'}"
 
 
-def _build(cls: type, data: Mapping, path: str) -> Any:
-    """Dataclass `cls` from a mapping, checking keys and types."""
-    hints = typing.get_type_hints(cls, vars(schema))
-    fields = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown key {path}.{unknown[0]}; valid keys under {path}: {', '.join(fields)}")
-    return cls(**{k: _coerce(hints[k], v, f"{path}.{k}") for k, v in data.items()})
-
-
-def _coerce(hint: Any, value: Any, key: str) -> Any:
-    """Check `value` against a field's type hint, allowing int where float is expected."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):  # Optional[...], X | None
-        if value is None:
-            return None
-        hint = [a for a in typing.get_args(hint) if a is not type(None)][0]
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}={value!r} is not a boolean (use true or false)")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}={value!r} is not an integer")
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(float(value)):
-                raise ConfigError(f"{key}={value!r} must be a finite number")
-            return float(value)
-        raise ConfigError(f"{key}={value!r} is not a number")
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{key}={value!r} is not a string")
-    if hint is list or origin is list:
-        if isinstance(value, (list, tuple)):
-            return list(value)
-        raise ConfigError(f"{key}={value!r} is not a list (use [a,b,...])")
-    return value
-
-
 def saved_config(run: RunConfig) -> dict:
     """What config.yaml holds: every section, plus `setting`, the method's description of the run
     (label, style family, sort order, ignored keys), so plots need not import the library."""
@@ -176,39 +129,18 @@ def get(run: RunConfig, key: str) -> Any:
     return obj
 
 
-def method_class(name: str):
-    """The registered Method class for `name`."""
-    return registries()["method"][name].target
-
-
-def checked(cls: type, values: Mapping, path: str) -> Any:
-    """Dataclass `cls` from `values` with every check a config section gets: keys, types,
-    declared ranges and choices, the class's own cross-field rules; ConfigError names the first
-    problem as `path.key=value ...`. The DDP hooks (gravac/hooks.py) check their keywords here."""
-    obj = _build(cls, values, path)
-    _check_section(obj, path)
-    return obj
-
-
-def _check_section(section: Any, name: str) -> None:
-    problems = field_errors(section, name)
-    problems += section.errors(name) if hasattr(section, "errors") else []
-    if problems:
-        raise ConfigError(problems[0])
-
-
 def _check(run: RunConfig) -> None:
     """Field declarations, each plug-in's own cross-field rules, then rules across sections."""
     for name in SECTIONS:
-        _check_section(getattr(run, name), name)
+        check_section(getattr(run, name), name)
     m, c = run.method, run.compressor
     if method_class(m.name).needs_compressor and c.name == NO_COMPRESSOR:
         usable = registries()["compressor"].names()
         raise ConfigError(f"method={m.name} needs a compressor; set compressor= one of: {', '.join(usable)}")
-    task = registries()["model"][run.model.name].extra["task"]
-    data_task = registries()["dataset"][run.dataset.name].extra["task"]
+    task = registries()["model"][run.model.name].spec.task
+    data_task = registries()["dataset"][run.dataset.name].spec.task
     if task != data_task:
-        fits = [n for n in registries()["dataset"].names() if registries()["dataset"][n].extra["task"] == task]
+        fits = [n for n in registries()["dataset"].names() if registries()["dataset"][n].spec.task == task]
         raise ConfigError(f"model={run.model.name} does not fit dataset={run.dataset.name}: "
                           f"it needs a {task} dataset ({', '.join(fits)})")
     lm = task == "lm"
@@ -217,7 +149,7 @@ def _check(run: RunConfig) -> None:
     if not lm and run.train.target_metric == "perplexity":
         raise ConfigError(f"dataset={run.dataset.name} is evaluated by top1/top5, not perplexity")
     if run.dataset.eval_split == "valid" and not lm:
-        lms = [e.name for e in registries()["dataset"].entries() if e.extra["task"] == "lm"]
+        lms = [e.name for e in registries()["dataset"].entries() if e.spec.task == "lm"]
         raise ConfigError(f"dataset.eval_split=valid exists only for {', '.join(lms)} (language-model data); "
                           f"{run.dataset.name} has a test split")
     if run.train.target_metric in ("top1", "top5") and run.train.target > 1:

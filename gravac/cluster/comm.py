@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from compressors import COUNT_BYTES, Payload  # COUNT_BYTES: the int64 count sent before a sparse all-gather
-from gravac.netmodel import NetworkModel
+from gravac.cluster.netmodel import NetworkModel
 
 
 @dataclass

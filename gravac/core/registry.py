@@ -5,7 +5,10 @@ name, the config dataclass (its options, with defaults, ranges and choices decla
 fields through `option`) and the object that builds the thing. Config validation, the valid
 choices in error messages, `--help`, memory estimates and plot labels all read these entries,
 so adding a plug-in is one module (class + config dataclass + `@REGISTRY.register`) plus one
-YAML file. Pure Python: the compressors package is usable without the rest of the suite.
+YAML file. Each kind declares the facts an entry carries beyond its config as a spec
+dataclass (a model's `task`, a compressor's table `order`): `register(name, Cfg, task="lm")`
+builds the spec, so a misspelt or missing fact fails at registration, not when it is read.
+Part of gravac.core: pure Python, imports nothing of the project.
 """
 from __future__ import annotations
 
@@ -23,10 +26,12 @@ class PluginError(ValueError):
 
 
 def option(default: Any = dataclasses.MISSING, *, check: Callable[[Any], bool] | None = None,
-           valid: str = "", choices: tuple | None = None, factory: Callable[[], Any] | None = None):
+           valid: str = "", choices: tuple | None = None, factory: Callable[[], Any] | None = None,
+           doc: str = ""):
     """A config field with its validation: `check(value)` must hold (`valid` says what is valid,
-    e.g. ">= 1"), or the value must be one of `choices`."""
-    meta = {"check": check, "valid": valid, "choices": tuple(choices) if choices else None}
+    e.g. ">= 1"), or the value must be one of `choices`. `doc` says in a few words what the field
+    means (printed by `--help` and `field_doc`)."""
+    meta = {"check": check, "valid": valid, "choices": tuple(choices) if choices else None, "doc": doc}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -45,6 +50,14 @@ def field_errors(obj: Any, prefix: str) -> list[str]:
     return out
 
 
+def field_doc(cls: type, name: str) -> str:
+    """What field `name` of config dataclass `cls` means (its `option(doc=...)`), else ""."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f.metadata.get("doc", "") or ""
+    return ""
+
+
 def _holds(check: Callable[[Any], bool], value: Any) -> bool:
     try:
         return bool(check(value))
@@ -58,14 +71,20 @@ def own_fields(cls: type, base: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls) if f.name not in inherited]
 
 
+@dataclass(frozen=True)
+class NoSpec:
+    """The spec of a kind whose entries carry nothing beyond name, config, label and doc."""
+
+
 @dataclass
 class Entry:
-    """One registered plug-in: `name`, its config dataclass, the registered object, and a label."""
+    """One registered plug-in: `name`, its config dataclass, the registered object, a label, and
+    `spec`, the kind's typed facts about it (an instance of the registry's spec class)."""
     name: str
     config: type
     target: Any
     label: str
-    extra: dict
+    spec: Any
     description: str = ""
 
     @property
@@ -77,28 +96,63 @@ class Entry:
 
 
 class Registry:
-    """Named plug-ins of one kind, all configured by subclasses of `base` (a dataclass)."""
+    """Named plug-ins of one kind, all configured by subclasses of `base` (a dataclass).
 
-    def __init__(self, kind: str, base: type):
-        self.kind, self.base = kind, base
+    `spec` is the dataclass of the kind's per-entry facts (keywords of `register`); `package`,
+    when given, is the package whose every module `load()` imports (the built-ins), together
+    with the user's plug-in modules (`import_plugins`)."""
+
+    def __init__(self, kind: str, base: type, *, spec: type = NoSpec, package: str | None = None):
+        self.kind, self.base, self.spec, self.package = kind, base, spec, package
         self._entries: dict[str, Entry] = {}
+        self._loaded = self._builtins = False
+
+    def load(self) -> "Registry":
+        """The built-ins (`load_builtins`), then the user's plug-ins (`import_plugins`); a failure
+        (e.g. PluginError) leaves the registry to try again on the next call."""
+        self.load_builtins()
+        if not self._loaded:
+            self._loaded = True        # first, so that a plug-in calling load() does not recurse
+            try:
+                import_plugins()
+            except BaseException:
+                self._loaded = False
+                raise
+        return self
+
+    def load_builtins(self) -> "Registry":
+        """Import every module of `package` (their `register` decorators run), once."""
+        if self.package and not self._builtins:
+            self._builtins = True
+            try:
+                import_submodules(self.package)
+            except BaseException:
+                self._builtins = False
+                raise
+        return self
 
     def register(self, name: str, config: type | None = None, *, label: str | None = None, doc: str = "",
-                 **extra):
+                 **facts):
         """Decorator registering `target` under `name` with config dataclass `config`
         (default: the kind's base, i.e. no options of its own); `label` names it in plots, `doc`
-        describes it in one line (default: the target's docstring). `extra` holds kind-specific
-        facts (e.g. a model's task). Registering a taken name with a different target is an error."""
+        describes it in one line (default: the target's docstring). `facts` are the fields of the
+        kind's spec dataclass (e.g. a model's task). Registering a taken name with a different
+        target is an error."""
         config = config or self.base
         if not (isinstance(config, type) and issubclass(config, self.base) and dataclasses.is_dataclass(config)):
             raise TypeError(f"{self.kind} {name!r}: config must be a dataclass subclassing {self.base.__name__}")
+        try:
+            spec = self.spec(**facts)
+        except TypeError as e:
+            known = ", ".join(f.name for f in dataclasses.fields(self.spec)) or "none"
+            raise TypeError(f"{self.kind} {name!r}: {e}; the facts a {self.kind} registers: {known}") from None
 
         def deco(target):
             old = self._entries.get(name)
             if old is not None and _where(old.target) != _where(target):  # a module imported twice is fine
                 raise PluginError(f"{self.kind} {name!r} is already registered by {_where(old.target)}: "
                                   f"register yours under another name")
-            self._entries[name] = Entry(name, config, target, label or name, dict(extra), doc)
+            self._entries[name] = Entry(name, config, target, label or name, spec, doc)
             return target
         return deco
 
@@ -141,7 +195,8 @@ def import_submodules(package: str) -> None:
 def import_plugins() -> None:
     """Import user plug-in modules named in $GRAVAC_PLUGINS (comma-separated) and the
     `gravac_bench.plugins` entry points of installed packages. A module that cannot be found or
-    imported, or that registers a taken name, raises one PluginError line naming it."""
+    imported, or that registers a taken name, raises one PluginError line naming it. Importing a
+    module twice is a no-op, so every registry's `load()` may call this."""
     names = [(n.strip(), "GRAVAC_PLUGINS") for n in os.environ.get("GRAVAC_PLUGINS", "").split(",") if n.strip()]
     try:
         from importlib.metadata import entry_points

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from gravac.schema import LoggerCfg
+from gravac.core.schema import LoggerCfg
 
 
 class Tracker:

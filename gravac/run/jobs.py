@@ -3,7 +3,7 @@ process of its own process group; and what any job of a sweep came to (Outcome).
 
 joblib's pool (loky) kills every worker when one dies, so one job killed by the OOM killer (or
 kill -9) failed every job the pool held, queued ones included. Here a job that dies fails alone:
-its run folder is made to say so (gravac.launch.settle), and the other jobs go on. Only the
+its run folder is made to say so (gravac.run.launch.settle), and the other jobs go on. Only the
 submitting process hears the terminal's Ctrl-C (the jobs are in their own process groups): a first
 signal writes the sweep's stop file, which running jobs read at their next step; a second one
 (`aborting()`) kills the running jobs, whose run folders then say where they stopped.
@@ -25,7 +25,7 @@ class Outcome:
     """What one job of a sweep came to, under any launcher: completed, failed, interrupted or not
     started (the sweep was stopped first); `message` is the error, or the stop hint with its resume
     command; `resume` the command that continues its run, when it left a checkpoint. (Here, not in
-    gravac.sweep, so that a job's process can send it back without importing torch first.)"""
+    gravac.run.sweep, so that a job's process can send it back without importing torch first.)"""
     status: str
     message: str = ""
     resume: str = ""
@@ -75,7 +75,7 @@ def stop_if_orphaned(sweep: int, every_s: float = 1.0) -> None:
     signal reaches this job), ask the sweep's jobs to stop at their next step, as a Ctrl-C would."""
     while os.getppid() == sweep:
         time.sleep(every_s)
-    from gravac.checkpoint import request_stop
+    from gravac.loop.checkpoint import request_stop
     request_stop()
 
 
@@ -118,7 +118,7 @@ class LocalJobs:
         import multiprocessing
         from multiprocessing.connection import wait
 
-        from gravac.checkpoint import stop_requested
+        from gravac.loop.checkpoint import stop_requested
         ctx = multiprocessing.get_context("spawn")
         waiting, running, done = list(jobs), [], {}
         with tempfile.TemporaryDirectory(prefix="gravac-jobs-") as tmp:
@@ -175,8 +175,8 @@ class LocalJobs:
             status, what = "failed", died(job.proc.exitcode)
         if job.run_dir is None:   # it died before making its run folder
             return Outcome("not started") if aborted else Outcome("failed", f"{what} before its run started")
-        from gravac.errors import Interrupted
-        from gravac.launch import settle
+        from gravac.core.errors import Interrupted
+        from gravac.run.launch import settle
         status, message, resume = settle(job.run_dir, status, what)
         if status == "completed":
             return Outcome("completed")

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gravac.comm import Group
-from gravac.errors import DivergedError, UserError
-from gravac.faults import maybe_fail
-from gravac.heartbeat import beat
-from gravac.profile import measure_profile
-from gravac.schema import ClusterCfg, TrainCfg
+from gravac.cluster.comm import Group
+from gravac.core.errors import DivergedError, UserError
+from gravac.loop.faults import maybe_fail
+from gravac.loop.heartbeat import beat
+from gravac.cluster.profile import measure_profile
+from gravac.core.schema import ClusterCfg, TrainCfg
 
 
 @dataclass
@@ -155,7 +155,7 @@ class Workers:
     def measure_profile(self, repeats: int) -> dict:
         """Worker 0's forward, backward, per-parameter ready and optimizer-step seconds on fresh
         batches (median of `repeats` after a warm-up), leaving no trace: a separate loader, the
-        model's buffers, the RNG and the weights are as before (gravac/profile.py)."""
+        model's buffers, the RNG and the weights are as before (gravac/cluster/profile.py)."""
         saved = [b.detach().clone() for b in self.model.buffers()]
         rng = torch.get_rng_state()
         loader = self.dataset.train_loader(self.group.local_ranks[0], self.group.world,

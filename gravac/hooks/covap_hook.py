@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 
 from compressors import Payload
-from gravac.config import checked
-from gravac.hooks import CompressionState, make_hook
+from gravac.core.check import checked
+from gravac.hooks.state import CompressionState, make_hook
 from gravac.methods.covap import (
     CovapCfg,
     compensate,

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import torch
 
-from gravac.errors import UserError
-from gravac.results import atomic_write
+from gravac.core.errors import UserError
+from gravac.core.io import atomic_write
 
 
 def profile_dir(cache_dir: str) -> Path:

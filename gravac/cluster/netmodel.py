@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gravac.schema import NetworkCfg
+from gravac.core.schema import NetworkCfg
 
 
 @dataclass

@@ -10,7 +10,6 @@ never opened through a link.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import math
@@ -21,51 +20,8 @@ from typing import Any
 
 import yaml
 
-from gravac.errors import UserError
-
-
-def run_path(run_dir: str, *parts: str) -> str:
-    """os.path.join(run_dir, *parts), after checking that no symbolic link on the way leads out of
-    the run folder, so a link planted in it (`.lock` to another file, `checkpoint/` to another
-    folder) never makes a write, rename or delete land outside. A UserError names the link."""
-    path = os.path.join(run_dir, *parts)
-    root = os.path.realpath(run_dir)
-    if os.path.commonpath([root, os.path.realpath(path)]) == root:
-        return path
-    link = next(p for p in (os.path.join(run_dir, *parts[:i + 1]) for i in range(len(parts)))
-                if os.path.commonpath([root, os.path.realpath(p)]) != root)
-    raise UserError(f"{link} is a symbolic link out of the run folder (to {os.path.realpath(link)}): refusing to "
-                    "write through it; remove the link, then run again")
-
-
-def open_new(path: str):
-    """`path` created anew for writing (binary), never through a symbolic link: a stale file or
-    link of that name (a killed writer's temporary) is removed first."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except FileExistsError:
-        os.remove(path)   # removes a link itself, not what it points to
-        fd = os.open(path, flags, 0o644)
-    return os.fdopen(fd, "wb")
-
-
-def atomic_write(path: str, data: str | bytes) -> None:
-    """Write `data` (text as UTF-8) to `path` so that readers never see a partial file, even
-    after a crash: a synced temporary file in the same folder, renamed into place (the rename
-    replaces a link at `path`, it does not write through it). Every result file (runs, plots,
-    benchmark CSVs) is written through here."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open_new(tmp) as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:   # a full disk or a kill: leave no half-written temporary behind
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+from gravac.core.errors import UserError
+from gravac.core.io import atomic_write, open_new, read_jsonl, run_path
 
 
 def _clean(obj: Any) -> Any:
@@ -163,7 +119,7 @@ class RunWriter:
         for name, keep in (("steps.jsonl", lambda r: r["step"] < step), ("evals.jsonl", lambda r: r["step"] <= step),
                            ("ready.jsonl", lambda r: r["step"] < step)):
             path = run_path(self.dir, name)
-            kept = [r for r in read_jsonl(path) if keep(r)] if os.path.exists(path) else []
+            kept = [r for r in read_jsonl(path)[0] if keep(r)] if os.path.exists(path) else []
             atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
         self._steps, self._evals = self._append("steps.jsonl"), self._append("evals.jsonl")
 
@@ -178,7 +134,7 @@ class RunWriter:
     def records(self) -> list[dict]:
         """Every step record of the run so far (steps.jsonl), for the method's closing explanation."""
         self._steps.flush()
-        return read_jsonl(os.path.join(self.dir, "steps.jsonl"))
+        return read_jsonl(os.path.join(self.dir, "steps.jsonl"))[0]
 
     def summary(self, summary: dict) -> None:
         atomic_write(run_path(self.dir, "summary.json"), json.dumps(_clean(summary), indent=2) + "\n")
@@ -203,15 +159,3 @@ class NullWriter:
     def eval(self, record: dict) -> None: ...
     def summary(self, summary: dict) -> None: ...
     def close(self) -> None: ...
-
-
-def read_jsonl(path: str) -> list[dict]:
-    """Every complete record of a JSONL file; a torn last line (killed run) is skipped."""
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out

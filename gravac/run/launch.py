@@ -18,24 +18,17 @@ from datetime import timedelta
 import torch
 import yaml
 
-from gravac.comm import DistGroup, SimGroup
-from gravac.checkpoint import checkpoint_step, stop_note
-from gravac.config import saved_config
-from gravac.errors import Interrupted, UserError, WorkerFailed
-from gravac.heartbeat import silent_rank
-from gravac.netmodel import NetworkModel
-from gravac.results import (
-    NullWriter,
-    RunLock,
-    RunWriter,
-    atomic_write,
-    make_run_dir,
-    read_jsonl,
-    run_path,
-)
-from gravac.schema import RunConfig
-from gravac.sweep import cores
-from gravac.track import Tracker
+from gravac.cluster.comm import DistGroup, SimGroup
+from gravac.loop.checkpoint import checkpoint_step, stop_note
+from gravac.config.compose import saved_config
+from gravac.core.errors import Interrupted, UserError, WorkerFailed
+from gravac.loop.heartbeat import silent_rank
+from gravac.cluster.netmodel import NetworkModel
+from gravac.core.io import atomic_write, read_jsonl, run_path
+from gravac.loop.results import NullWriter, RunLock, RunWriter, make_run_dir
+from gravac.core.schema import RunConfig
+from gravac.cluster.host import cores
+from gravac.loop.track import Tracker
 
 
 def _tag(cfg: RunConfig) -> str:
@@ -121,8 +114,8 @@ def resume_command(command: str, run_dir: str) -> str:
 
 def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") -> dict:
     """Train with this process's workers; only the main process writes and prints."""
-    from gravac.checkpoint import Checkpointer
-    from gravac.train import train
+    from gravac.loop.checkpoint import Checkpointer
+    from gravac.loop.train import train
     config = saved_config(cfg)
     writer = RunWriter(run_dir, config) if group.is_main else NullWriter()
 
@@ -182,7 +175,7 @@ def launch(cfg: RunConfig, overrides: list[str] | None = None, started=None) -> 
     command a stopped run prints. `started(run folder)` is called once the folder exists (a
     sweep's job tells the sweep where to look if its process dies).
     """
-    import gravac.faults  # noqa: F401  (a malformed GRAVAC_FAULT is refused before any folder is made)
+    import gravac.loop.faults  # noqa: F401  (a malformed GRAVAC_FAULT is refused before any folder is made)
     command = command_line(overrides or [])
     net = NetworkModel.from_cfg(cfg.network)
     if cfg.cluster.backend == "sim":
@@ -312,7 +305,7 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory(prefix="gravac-rdzv-") as tmp:
         init = f"file://{os.path.join(tmp, 'store')}"
-        os.environ["GRAVAC_HEARTBEAT_DIR"] = tmp      # inherited by the workers (gravac/heartbeat.py)
+        os.environ["GRAVAC_HEARTBEAT_DIR"] = tmp      # inherited by the workers (gravac/loop/heartbeat.py)
         try:
             ctx = mp.start_processes(worker_main, args=(cfg, init, run_dir, command), nprocs=cfg.cluster.workers,
                                      join=False, start_method="spawn")
@@ -398,7 +391,7 @@ def _read_summary(run_dir: str) -> dict:
 def _recorded_steps(run_dir: str, summary: dict) -> int:
     """Steps the run recorded: rank 0 may have died long after its last summary write."""
     path = os.path.join(run_dir, "steps.jsonl")
-    return max(summary.get("steps") or 0, len(read_jsonl(path)) if os.path.exists(path) else 0)
+    return max(summary.get("steps") or 0, len(read_jsonl(path)[0]) if os.path.exists(path) else 0)
 
 
 def settle(run_dir: str, status: str, what: str) -> tuple[str, str, str]:

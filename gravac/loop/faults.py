@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from gravac.errors import UserError
+from gravac.core.errors import UserError
 
 KINDS = ("raise", "exit", "hang", "nan")
 

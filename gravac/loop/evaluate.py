@@ -11,8 +11,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gravac.comm import Group
-from gravac.schema import TrainCfg
+from gravac.cluster.comm import Group
+from gravac.core.schema import TrainCfg
 
 
 class Evaluator:
