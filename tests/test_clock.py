@@ -118,7 +118,7 @@ def test_calibrating_a_stateful_compensation_leaves_the_memory_as_it_was(setting
     from gravac.cluster.comm import SimGroup
     from gravac.methods import StepContext, build_method
     from gravac.cluster.netmodel import NetworkModel
-    from gravac.cluster.profile import OpCosts
+    from gravac.cluster.opcosts import OpCosts
     from conftest import make_run
 
     cfg = make_run(**setting, train=dict(momentum=0.9))
@@ -170,7 +170,7 @@ def test_a_concurrently_calibrated_cost_adopts_the_first_stored_value(tmp_path):
     adopts the stored number, so the cache and both runs agree."""
     from gravac.cluster.comm import SimGroup
     from gravac.cluster.netmodel import NetworkModel
-    from gravac.cluster.profile import OpCosts
+    from gravac.cluster.opcosts import OpCosts
 
     group = SimGroup(2, NetworkModel(alpha_s=1e-5, beta_Bps=1e9))
     first = OpCosts(group, tmp_path, "m", repeats=1)

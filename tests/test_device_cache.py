@@ -137,7 +137,7 @@ def test_a_damaged_op_cost_is_measured_again_here_and_refused_on_a_named_device(
     from gravac.cluster.comm import SimGroup
     from gravac.core.errors import UserError
     from gravac.cluster.netmodel import NetworkModel
-    from gravac.cluster.profile import OpCosts
+    from gravac.cluster.opcosts import OpCosts
     group = SimGroup(2, NetworkModel(alpha_s=1e-5, beta_Bps=1e9))
     for named in (False, True):
         cache = tmp_path / str(named)

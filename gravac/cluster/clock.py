@@ -18,12 +18,12 @@ import torch
 from gravac.core.errors import UserError
 from gravac.cluster.profile import (
     DeviceProfile,
-    OpCosts,
     fingerprint,
     load_or_measure_profile,
     machine_key,
     profile_dir,
 )
+from gravac.cluster.opcosts import OpCosts
 from gravac.cluster.timeline import Piece, buckets, schedule
 
 

@@ -22,7 +22,7 @@ import torch
 from compressors import COMPRESSORS, ErrorFeedback, Payload, from_config
 from gravac.core.registry import Registry
 from gravac.cluster.comm import CommStats, Group
-from gravac.cluster.profile import OpCosts
+from gravac.cluster.opcosts import OpCosts
 from gravac.core.schema import CompressorCfg, MethodCfg
 from gravac.cluster.timeline import Piece
 
