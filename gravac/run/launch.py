@@ -267,28 +267,50 @@ def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, comma
     os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback_interface()
     world = cfg.cluster.workers
     torch.set_num_threads(cfg.cluster.threads or max(1, cores() // world))
+    stops = _note_stops()
     try:
         _init_dist(cfg, init_method, rank, world)
         device = _device(cfg, rank)
         _run(cfg, DistGroup(NetworkModel.from_cfg(cfg.network), device), device, run_dir, command)
         _shutdown(dist)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Skip interpreter teardown: a gloo thread destroyed there has, rarely, aborted a worker
-        # whose run had completed ("terminate called without an active exception", exit -6).
-        os._exit(0)
+        code = 0
     except Interrupted:   # the launcher says so, once, from what rank 0 left in the summary
-        sys.exit(130)
+        code = 130
     except UserError as e:
-        print(f"error: worker rank {rank}: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        print(f"error: worker rank {rank}: {e}", file=sys.stderr)
+        code = 2
     except KeyboardInterrupt:
-        sys.exit(130)
+        code = 130
     except Exception:
-        print(f"worker rank {rank} crashed:", file=sys.stderr)
-        traceback.print_exc()
-        sys.stderr.flush()
-        sys.exit(1)
+        if stops:   # a Ctrl-C stops every rank; a peer that left first broke this rank's collective
+            code = 130
+        else:
+            print(f"worker rank {rank} crashed:", file=sys.stderr)
+            traceback.print_exc()
+            code = 1
+    _leave(code)
+
+
+def _note_stops() -> list:
+    """Record SIGINT/SIGTERM (raised as KeyboardInterrupt, as by default) in the returned list, so
+    a collective that fails because a peer already stopped for the same signal counts as the stop."""
+    stops = []
+
+    def handler(signum, frame):
+        stops.append(signum)
+        raise KeyboardInterrupt
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+    return stops
+
+
+def _leave(code: int) -> None:
+    """Exit a worker without interpreter teardown, on every path: gloo's threads destroyed there
+    abort the process ("terminate called without an active exception", exit -6), which a run that
+    completed (rarely) and a Ctrl-C during start-up (often, with the store half built) both hit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _spawn(cfg: RunConfig, command: str, started=None) -> None:
