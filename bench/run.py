@@ -13,14 +13,8 @@ import hydra  # noqa: E402
 
 from gravac.core.registry import PluginError  # noqa: E402
 from gravac.run import sweep  # noqa: E402
-from gravac.config.compose import (  # noqa: E402
-    ConfigError,
-    check_composition,
-    check_overrides,
-    expand_seeds,
-    help_text,
-    register_base,
-)
+from gravac.config.cli import check_composition, check_overrides, help_text  # noqa: E402
+from gravac.config.compose import ConfigError, expand_seeds, register_base  # noqa: E402
 from gravac.config.plugins import registries  # noqa: E402
 
 CONF_DIR = os.path.join(ROOT, "conf")

@@ -320,7 +320,8 @@ def test_the_slurm_launcher_config_composes_on_submitit():
 
 
 def test_an_unknown_launcher_is_one_line_naming_the_launchers():
-    from gravac.config.compose import ConfigError, check_composition, register_base
+    from gravac.config.cli import check_composition
+    from gravac.config.compose import ConfigError, register_base
     register_base()
     with pytest.raises(ConfigError) as e:
         check_composition(["hydra/launcher=nope", "method=dense"], str(ROOT / "conf"))

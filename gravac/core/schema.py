@@ -34,8 +34,9 @@ class DatasetCfg:
 class CompressorCfg:
     """Options every compressor has; a compressor's own options subclass this (see gravac/core/registry.py)."""
     name: str = "none"
-    cf: float = option(100.0, check=lambda v: v >= 1, valid=">= 1 (CF = dense size / sent size)")
-    granularity: str = option("layer", choices=("layer", "flat"))   # per parameter tensor | one flat tensor
+    cf: float = option(100.0, check=lambda v: v >= 1, valid=">= 1 (CF = dense size / sent size)",
+                       doc="compression factor: dense size / sent size (10 keeps 10%)")
+    granularity: str = option("layer", choices=("layer", "flat"), doc="compress per parameter tensor | one flat tensor")
     error_feedback: bool = True
 
 

@@ -65,18 +65,18 @@ from gravac.core.schema import MethodCfg
 @dataclass
 class GraVACCfg(MethodCfg):
     """Paper defaults: CF space [10x, 1000x], window 500, omega 1%, epsilon 0.7, exponential policy."""
-    cf_min: float = option(10.0, check=lambda v: v >= 1, valid=">= 1")
-    cf_max: float = option(1000.0, check=lambda v: v >= 1, valid=">= 1")
-    window: int = option(500, check=lambda v: v >= 1, valid=">= 1")
-    step: float = option(2.0, check=lambda v: v > 1, valid="> 1")             # initial cs: candidate = cf_min·cs
-    epsilon: float = option(0.7, check=lambda v: 0 < v <= 1, valid="in (0, 1]")
-    omega: float = option(0.01, check=lambda v: 0 <= v < 1, valid="in [0, 1)")
-    policy: str = option("exponential", choices=("exponential", "geometric"))  # cs squares | doubles
+    cf_min: float = option(10.0, check=lambda v: v >= 1, valid=">= 1", doc="lowest CF of the search (raised as gains allow)")
+    cf_max: float = option(1000.0, check=lambda v: v >= 1, valid=">= 1", doc="highest CF the search may reach")
+    window: int = option(500, check=lambda v: v >= 1, valid=">= 1", doc="steps between CF decisions")
+    step: float = option(2.0, check=lambda v: v > 1, valid="> 1", doc="initial cs: the candidate CF is cf_min x cs")
+    epsilon: float = option(0.7, check=lambda v: 0 < v <= 1, valid="in (0, 1]", doc="compression gain a CF must keep to be accepted")
+    omega: float = option(0.01, check=lambda v: 0 <= v < 1, valid="in [0, 1)", doc="relative throughput gain that counts as a gain")
+    policy: str = option("exponential", choices=("exponential", "geometric"), doc="how cs grows: squares | doubles")
     ewma: float = option(-1.0, check=lambda v: v < 0 or 0 < v <= 1, valid="in (0, 1], or < 0 for N/100")
     reset_step: bool = False             # restart cs at `step` after cf_min is raised
     tcomp: str = option("mean", choices=("mean", "last"))       # T_compression: mean since the window began | last
     grow_if: str = option("always", choices=("always", "accepted"))   # grow cs every window | while accepted
-    gain: str = option("paper", choices=("paper", "code"))      # which gain decides (gravac/methods/gains.py)
+    gain: str = option("paper", choices=("paper", "code"), doc="which gain decides (gravac/methods/gains.py)")
     gain_window: int = option(25, check=lambda v: v >= 1, valid=">= 1")          # gain=code: sliding window
     gain_alpha: float = option(0.05, check=lambda v: 0 < v <= 1, valid="in (0, 1]")   # gain=code: EWMA alpha
 

@@ -3,7 +3,7 @@ process of its own process group; and what any job of a sweep came to (Outcome).
 
 joblib's pool (loky) kills every worker when one dies, so one job killed by the OOM killer (or
 kill -9) failed every job the pool held, queued ones included. Here a job that dies fails alone:
-its run folder is made to say so (gravac.run.launch.settle), and the other jobs go on. Only the
+its run folder is made to say so (gravac.run.outcome.settle), and the other jobs go on. Only the
 submitting process hears the terminal's Ctrl-C (the jobs are in their own process groups): a first
 signal writes the sweep's stop file, which running jobs read at their next step; a second one
 (`aborting()`) kills the running jobs, whose run folders then say where they stopped.
@@ -176,7 +176,7 @@ class LocalJobs:
         if job.run_dir is None:   # it died before making its run folder
             return Outcome("not started") if aborted else Outcome("failed", f"{what} before its run started")
         from gravac.core.errors import Interrupted
-        from gravac.run.launch import settle
+        from gravac.run.outcome import settle
         status, message, resume = settle(job.run_dir, status, what)
         if status == "completed":
             return Outcome("completed")
