@@ -85,7 +85,7 @@ from gravac.methods.gains import (
     payload_layer_norm_sum,
     segment_bounds,
 )
-from gravac.methods.gravac import Decision, GraVACCfg, controller_for, ratio, sq_norm
+from gravac.methods.gravac_control import Decision, GraVACCfg, controller_for, ratio, sq_norm
 from gravac.hooks.state import CompressionState, HookOptions, Slot, compressor_cfg, differing_options, make_hook  # noqa: F401
 
 __all__ = ["SparseState", "sparse_hook", "GraVACState", "gravac_hook", "CompressionState", "make_hook"]
