@@ -1,13 +1,11 @@
 """Checks of a loaded run (plots/load.py): damaged step numbers and settings, and summary.json
-cross-checked with the cumulative sums of steps.jsonl."""
+cross-checked with the cumulative sums of steps.jsonl. `run` is a plots.load.Run (not imported
+here: load imports this module)."""
 from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from plots.load import Run
+from typing import Any
 
 
 def _num(v: Any) -> float:
@@ -31,7 +29,7 @@ def _whole(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 and v == int(v)
 
 
-def _bad_setting(run: Run) -> str | None:
+def _bad_setting(run) -> str | None:
     """Why the run's settings cannot be read (a number of the wrong kind in config.yaml or
     summary.json), else None; anything else its identity cannot be computed from, too."""
     for key, summary_key, whole in (("cluster.workers", "workers", True), ("compressor.cf", "cf", False),
@@ -47,7 +45,7 @@ def _bad_setting(run: Run) -> str | None:
     return None
 
 
-def _cross_check(run: Run) -> None:
+def _cross_check(run) -> None:
     """Compare the cumulative sums of steps.jsonl with summary.json; note any disagreement."""
     s = run.summary
     if not s or not run.steps:
