@@ -4,7 +4,8 @@ A Method gets each local worker's flat gradient for the step, decides what to se
 every worker), communicates through the Group and returns the averaged gradient plus the step's
 record (CF, floats sent, wire bytes, timings). `CompressingMethod` holds the compression step,
 written once: compensate (error feedback) -> compress -> aggregate -> update the residuals ->
-StepResult; static, Accordion and GraVAC only choose the CF or level and add record fields.
+StepResult; static, Accordion, GraVAC and MergeComp (per merged group) only choose the CF, level or
+groups and add record fields.
 
 A method plug-in is a Method subclass registered with `@METHODS.register(name, ItsCfg)`, where
 ItsCfg subclasses MethodCfg with the method's options (see CONTRIBUTING.md).

@@ -1,5 +1,8 @@
 """MiCRO and ExDyna: exclusive gradient partitions, a threshold instead of a sort, global density.
 
+This module holds what both share (`Exclusive`, the threshold rules) and ExDyna; MiCRO is
+gravac/methods/micro.py.
+
 Both (Yoon & Oh, MiCRO arXiv 2310.00967, ExDyna arXiv 2402.13781; public code kljp/exdyna,
 cnn-lstm/gradient_reducers.py, MicroReducer and ExDynaReducer) split the flat gradient into N
 partitions; at step t worker r selects only inside partition (t + r) mod N, so the workers'
@@ -278,18 +281,6 @@ class Exclusive(Method):
     @classmethod
     def state_bytes(cls, cfg, comp, numel, momentum):
         return 4 * numel * (2 if comp.error_feedback else 1)     # residual + the compensated gradient
-
-
-@METHODS.register("micro", MicroCfg, doc="MiCRO: exclusive fixed partitions, threshold scaling, global density")
-class Micro(Exclusive):
-    """MiCRO: N equal contiguous partitions, rotated over the workers every step."""
-    name = "micro"
-    title = "MiCRO"
-
-    def bounds(self):
-        sizes = equal_split(self.numel, self.group.world)
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        return [(s, s + z) for s, z in zip(starts, sizes)]
 
 
 @METHODS.register("exdyna", ExDynaCfg, doc="ExDyna: exclusive block partitions rebalanced online, threshold scaling")
