@@ -39,7 +39,8 @@ SIZES = {"resnet101": 44_549_160, "vgg16": 138_357_544, "lstm": 66_034_000}
 QUICK_NUMEL = 1_000_000
 COLUMNS = ["kind", "dist", "size", "numel", "compressor", "label", "cf", "threads", "runs", "median_s", "pass_s", "passes",
            "torch_topk_s", "speedup_vs_torch_topk", "same_set_as_torch", "nnz", "wire_bytes",
-           "direct_s", "multilevel_s", "multilevel_speedup", "direct_high_s", "recompress_s", "recompress_speedup"]
+           "direct_s", "multilevel_s", "multilevel_speedup", "direct_high_s", "recompress_s", "recompress_speedup",
+           "direct_repeats_s", "multilevel_repeats_s"]
 
 
 def _label(name: str) -> str:
@@ -66,6 +67,9 @@ def synthetic_gradient(n: int, dist: str, seed: int) -> torch.Tensor:
     so its gradient outer(dL/dout, input) repeats every |value| 49 times (~1.6M distinct values
     at full size), with zero rows and columns (ReLU / dropout: ~25M zeros); the rest are ordinary
     heavy-tailed values at a smaller scale (the conv layers).
+
+    ``zeros95``: heavy-tailed with 95% exact zeros (embedding rows outside the batch, dead units), so
+    at 10x and 20x the k-th magnitude is a tie at 0 that spans most of the tensor.
     """
     torch.manual_seed(seed)
     if dist == "vgg16fc1":
@@ -79,8 +83,10 @@ def synthetic_gradient(n: int, dist: str, seed: int) -> torch.Tensor:
         cut = rest.numel() // 10  # the conv layers come first, fc2/fc3 after fc1
         return torch.cat([rest[:cut], fc1, rest[cut:]])
     g = torch.randn(n)
-    if dist == "heavy":
+    if dist in ("heavy", "zeros95"):
         g.mul_(torch.randn(n).exp_())
+    if dist == "zeros95":
+        g[torch.rand(n) < 0.95] = 0
     return g
 
 
@@ -114,6 +120,10 @@ class Suite:
 
     def runs(self, name: str) -> int:
         return len(self.times[name])
+
+    def timings(self, name: str) -> str:
+        """Every timed repeat of a case, ';'-separated (the figures' error bars come from these)."""
+        return ";".join(f"{t:.6g}" for t in self.times[name])
 
 
 def same_set(idx: torch.Tensor, ref_idx: torch.Tensor, x: torch.Tensor) -> str:
@@ -174,7 +184,8 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
                 rows.append(dict(base, kind="multilevel", compressor=name, label=_label(name), cf=hi,
                                  runs=s.runs(f"{name}/multi"), median_s=m, pass_s=pass_s, passes=m / pass_s, nnz=q.nnz, wire_bytes=q.wire_bytes(),
                                  direct_s=d, multilevel_s=m, multilevel_speedup=d / m, direct_high_s=h,
-                                 recompress_s=r, recompress_speedup=h / r))
+                                 recompress_s=r, recompress_speedup=h / r,
+                                 direct_repeats_s=s.timings(f"{name}/direct"), multilevel_repeats_s=s.timings(f"{name}/multi")))
         del x
     return rows
 
@@ -222,7 +233,8 @@ def parse_args(argv):
     ap.add_argument("--cfs", default="10,100,1000", help="compression factors")
     ap.add_argument("--compressors", default=",".join(COMPRESSORS.names()), help="comma list of compressors")
     ap.add_argument("--dists", default="heavy,normal", help="heavy (randn*exp(randn), all compressors), normal (Top-k only) "
-                    "and/or vgg16fc1 (VGG16's tie structure: fc1's 49-fold repeated values and zeros; all compressors)")
+                    "and/or vgg16fc1 (VGG16's tie structure: fc1's 49-fold repeated values and zeros; all compressors), "
+                    "zeros95 (heavy with 95%% exact zeros; all compressors)")
     ap.add_argument("--multilevel", default="10,1000", help="low,high CF of the multi-level comparison")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
                     help="skip the torch.topk-based Top-k (reference code) in the multi-level table")
@@ -252,8 +264,8 @@ def parse_args(argv):
     for c in a.compressors:
         if c not in COMPRESSORS:
             ap.error(f"unknown compressor {c!r}; valid: {', '.join(COMPRESSORS)}")
-    if set(a.dists) - {"heavy", "normal", "vgg16fc1"} or len(a.multilevel) != 2 or a.repeats < 1 or min(a.cfs) < 1:
-        ap.error("need --dists from heavy,normal,vgg16fc1; --multilevel low,high; --repeats >= 1; CFs >= 1")
+    if set(a.dists) - {"heavy", "normal", "vgg16fc1", "zeros95"} or len(a.multilevel) != 2 or a.repeats < 1 or min(a.cfs) < 1:
+        ap.error("need --dists from heavy,normal,vgg16fc1,zeros95; --multilevel low,high; --repeats >= 1; CFs >= 1")
     return a
 
 

@@ -41,6 +41,18 @@ def to_tensor(a, device) -> Tensor:
     return a
 
 
+def _np_kth_smallest(a, j: int) -> float:
+    """The j-th smallest (0-based) entry of a non-negative array. Zeros are counted, not
+    partitioned: NumPy's partition slows down ~100x on a large tie (a gradient that is mostly exact
+    zeros: 76 s instead of 0.8 s for 20M floats)."""
+    zeros = a.shape[0] - int(np.count_nonzero(a))
+    if j < zeros:
+        return a.dtype.type(0)
+    if zeros > a.shape[0] // 4:
+        a, j = a[a != 0], j - zeros
+    return np.partition(a, j)[j]
+
+
 class _NumPyOps:
     """The few array operations the algorithms need, for NumPy arrays."""
 
@@ -53,13 +65,20 @@ class _NumPyOps:
 
     @staticmethod
     def top(a, k: int):
-        """Positions of the k largest (0 < k < len)."""
-        return np.argpartition(a, a.shape[0] - k)[a.shape[0] - k:]
+        """Positions of the k largest of a non-negative array (0 < k < len); ties at the k-th value
+        go to the lowest positions."""
+        t = _np_kth_smallest(a, a.shape[0] - k)
+        gt = np.flatnonzero(a > t)
+        return np.concatenate([gt, np.flatnonzero(a == t)[:k - gt.shape[0]]])
 
     @staticmethod
     def bottom(a, d: int):
-        """Positions of the d smallest (0 < d < len)."""
-        return np.argpartition(a, d - 1)[:d]
+        """Positions of the d smallest of a non-negative array (0 < d < len); ties at the d-th value
+        go to the highest positions, so what is left is what ``top`` would keep."""
+        t = _np_kth_smallest(a, d - 1)
+        lt = np.flatnonzero(a < t)
+        eq = np.flatnonzero(a == t)
+        return np.concatenate([lt, eq[eq.shape[0] - (d - lt.shape[0]):]])
 
     @staticmethod
     def cat(parts, like):
@@ -91,11 +110,16 @@ class _TorchOps:
 
     @staticmethod
     def top(a, k: int):
-        return torch.topk(a, k, sorted=False).indices
+        t = torch.kthvalue(a, a.shape[0] - k + 1).values
+        gt = (a > t).nonzero().view(-1)
+        return torch.cat([gt, (a == t).nonzero().view(-1)[:k - gt.shape[0]]])
 
     @staticmethod
     def bottom(a, d: int):
-        return torch.topk(a, d, largest=False, sorted=False).indices
+        t = torch.kthvalue(a, d).values
+        lt = (a < t).nonzero().view(-1)
+        eq = (a == t).nonzero().view(-1)
+        return torch.cat([lt, eq[eq.shape[0] - (d - lt.shape[0]):]])
 
     @staticmethod
     def cat(parts, like):
@@ -116,7 +140,9 @@ def ops(a):
 
 
 def top_positions(av, k: int):
-    """Positions of the k largest entries of a non-negative 1-D array (any valid set on ties)."""
+    """Positions of the k largest entries of a non-negative 1-D array. Ties at the k-th value go to
+    the lowest positions: one set on every host (NumPy's argpartition picks among ties by the
+    CPU's SIMD level) and fast when most entries are tied at 0."""
     xp, c = ops(av), av.shape[0]
     if k >= c:
         return xp.arange(c, av)

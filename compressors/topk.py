@@ -4,7 +4,8 @@ torch.topk over tens of millions of elements is far from memory speed on a CPU. 
 from a random sample a threshold ``lo`` safely below the k-th largest |x| and ``hi`` safely above
 it, collect the candidates |x| >= lo in one cache-blocked pass (noting which lie in the band
 [lo, hi)), and finish on the small candidate set: everything >= hi is in, and only the band needs
-a partial sort. The result is the exact top-k set (ties: any valid set); a sample that misses
+a partial sort. The result is the exact top-k set, ties at the k-th magnitude going to the lowest
+positions (so one set on every host); a sample that misses
 (fewer than k candidates, or more than k above hi) only costs a retry or a wider selection.
 """
 from __future__ import annotations
@@ -56,7 +57,8 @@ def remove_positions(idx, vals, drop):
 
 def topk_select(a, k: int, *, seed: int = 0, sample_size: int = 1 << 16, z: float = 4.0,
                 exact_below: int = 1 << 16, check: bool = False):
-    """Positions and values of the k largest |a| of a native array (exact; no fixed order).
+    """Positions and values of the k largest |a| of a native array (exact; ties at the k-th |a| to
+    the lowest positions; no fixed order).
 
     With ``check``, NaN/Inf raise ValueError (detected during the candidate scan).
     """

@@ -97,7 +97,12 @@ def _pair(cols, rows, path, entity, comp, cf) -> list[dict]:
     wide_d = next((c for c in cols if "direct" in c.lower() and _numeric(rows, c)), None)
     wide_m = next((c for c in cols if "multi" in c.lower() and _numeric(rows, c)), None)
     acc: dict[tuple, dict[str, list[float]]] = {}
-    if wide_d and wide_m:
+    if {"direct_repeats_s", "multilevel_repeats_s"} <= set(cols):   # compress_bench: every repeat
+        for r in rows:
+            d = acc.setdefault(key(r), {"direct": [], "multi": []})
+            d["direct"] += [_float(v) for v in str(r["direct_repeats_s"]).split(";") if v]
+            d["multi"] += [_float(v) for v in str(r["multilevel_repeats_s"]).split(";") if v]
+    elif wide_d and wide_m:
         for r in rows:
             d = acc.setdefault(key(r), {"direct": [], "multi": []})
             d["direct"].append(_float(r[wide_d]) * _time_scale(wide_d))

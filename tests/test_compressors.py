@@ -140,6 +140,50 @@ def test_topk_matches_torch_topk(n, cf, seed, sample, arrays):
     assert set(got.tolist()) == set(want.tolist())
 
 
+def test_topk_ties_by_hand():
+    """Ties at the k-th magnitude go to the lowest positions, on every path."""
+    x = torch.tensor([0.0, 3.0, -3.0, 0.0, 3.0, 1.0])
+    for arrays in ("numpy", "torch"):
+        for exact_below in (0, 1 << 16):
+            with backend(arrays):
+                tk = TopK(exact_below=exact_below, sample_size=2)
+                for cf, want in ((6, {1}), (3, {1, 2}), (1.5, {1, 2, 4, 5}), (1.2, {0, 1, 2, 4, 5})):
+                    p = tk.compress(x, cf, seed=0)
+                    assert set(p.indices.tolist()) == want, (arrays, exact_below, cf)
+
+
+def tied(n: int, seed: int, zeros: float) -> torch.Tensor:
+    """Gradient-like data full of exact ties: a fraction ``zeros`` of exact zeros (embedding rows
+    not in the batch, dead ReLUs), the rest from 5 magnitudes with random signs."""
+    g = torch.Generator().manual_seed(seed)
+    mags = torch.tensor([0.5, 1.0, 1.5, 2.0, 4.0])[torch.randint(0, 5, (n,), generator=g)]
+    x = mags * (torch.randint(0, 2, (n,), generator=g).float() * 2 - 1)
+    x[torch.rand(n, generator=g) < zeros] = 0
+    return x
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 30000), cf=st.floats(1.0, 3000.0), seed=st.integers(0, 999),
+       zeros=st.sampled_from([0.0, 0.5, 0.95, 1.0]), exact_below=st.sampled_from([0, 1 << 16]),
+       sample=st.sampled_from([64, 1024]), arrays=st.sampled_from(["numpy", "torch"]))
+def test_topk_ties_go_to_the_lowest_positions(n, cf, seed, zeros, exact_below, sample, arrays):
+    """The set is defined, not left to argpartition (whose tie choice follows the CPU's SIMD
+    level): the k largest |x|, ties at the k-th to the lowest positions, as a stable sort says;
+    Top-k of its own payload (multi-level) the same within the payload."""
+    x = tied(n, seed, zeros)
+    k = target_k(n, cf)
+    with backend(arrays):
+        tk = TopK(exact_below=exact_below, sample_size=sample)
+        p = tk.compress(x, cf, seed=seed)
+        q = tk.recompress(p, 3, seed=seed)
+    want = torch.sort(-x.abs(), stable=True).indices[:k]
+    got = torch.arange(n) if p.indices is None else p.indices
+    assert set(got.tolist()) == set(want.tolist())
+    if p.indices is not None:   # multi-level: ties among the payload's values to its lowest positions
+        keep = p.indices[torch.sort(-p.values.abs(), stable=True).indices[:q.nnz]]
+        assert set(q.indices.tolist()) == set(keep.tolist())
+
+
 def test_topk_large_default_chunks(monkeypatch):
     """Multi-megabyte tensor with the real block size: same set as torch.topk."""
     monkeypatch.setattr(carrays, "CHUNK", 1 << 20)

@@ -172,3 +172,29 @@ def test_documented_files_cover_the_run_folder(runs):
     assert {"checkpoint", "ready.jsonl", "model.pt", ".lock"} <= files
     missing = {f for f in files if f not in names and f + "/" not in names}
     assert not missing, f"files a run writes missing from {DOC.name}: {sorted(missing)}"
+
+
+def _summary_dense() -> dict[str, dict[str, str]]:
+    """Each study experiment's Dense row of results/reference/summary.md, by column name."""
+    out, exp, heads = {}, None, None
+    for line in (ROOT / "results" / "reference" / "summary.md").read_text().splitlines():
+        if line.startswith("### "):
+            exp, heads = line.split()[1], None
+        elif line.startswith("| setting |"):
+            heads = [c.strip() for c in line.strip("|").split("|")]
+        elif exp and heads and line.startswith("| Dense |"):
+            out[exp] = dict(zip(heads, (c.strip() for c in line.strip("|").split("|"))))
+    return out
+
+
+def test_reproducing_quotes_the_curated_dense_numbers():
+    """REPRODUCING's family table states each target by dense's curve: its step and final metric
+    must be the curated summary's (they once drifted to numbers of an older run, issue 41)."""
+    dense = _summary_dense()
+    assert set(dense) == {"mini_vgg", "mini_resnet", "mini_lstm"}
+    text = (ROOT / "REPRODUCING.md").read_text()
+    for exp, row in dense.items():
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"| `{exp}` |"))
+        seeds = "one seed" if row["seeds"] == "1" else f"{row['seeds']} seeds"
+        want = f"(dense, {seeds}: step {row['target at step']}, ends at {row['final']})"
+        assert want in line, f"REPRODUCING's {exp} row should say {want}: {line}"

@@ -384,10 +384,14 @@ def test_reads_the_compression_benchmarks_own_csv(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = tmp_path / "cb.csv"
-    mod.main(["--quick", "--out", str(out)])
+    mod.main(["--quick", "--repeats", "3", "--out", str(out)])
     rows = multilevel_rows(str(out))
     assert {r["compressor"] for r in rows} >= {"topk", "dgc", "redsync", "randomk"}
     assert all(r["direct_s"] > 0 and r["multilevel_s"] > 0 and r["recompress_s"] > 0 for r in rows)
+    # every repeat is in the file, so the figure's error bars exist (issue 35)
+    assert all(len(r["direct_all"]) == len(r["multi_all"]) == 3 for r in rows)
+    from plots.figures import _bars_note
+    assert _bars_note(rows).startswith("error bars: 95% CI")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -605,3 +609,38 @@ def test_an_out_that_cannot_take_files_is_one_line(tmp_path, capsys):
         assert main([str(runs), "--out", str(out), "--formats", "png"]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and why in err and "give --out a folder you can write to" in err, err
+
+
+# ---------------------------------------------------------------------------------------------
+# python -m plots.compare (issue 41, item 3)
+
+def test_compare_two_committed_settings(tmp_path, capsys):
+    """Dense against Top-k 10x over the committed vgg_mini seeds: means, CIs, n and verdicts, and
+    the table and figure written with --out."""
+    from plots.compare import main
+    runs = ROOT / "results" / "reference" / "mini_vgg" / "runs"
+    paths = [str(p) for p in sorted(runs.glob("dense-s*"))] + [str(p) for p in sorted(runs.glob("top-k-10x-s*"))]
+    assert len(paths) == 10
+    assert main([*paths, "--out", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert "- Dense (n=5)" in out and "- Top-k 10x (n=5)" in out
+    assert "last-3 mean              68.27 [" in out          # REPRODUCING: dense last-3 mean 68.27%
+    assert "worse (-5.34 pp [" in out and "reached                  5 of 5" in out
+    rows = list(csv.DictReader(open(tmp_path / "cmp" / "compare.csv")))
+    assert [r["setting"] for r in rows] == ["Dense", "Top-k 10x"]
+    assert rows[0]["time_vs_baseline"] == "baseline" and rows[1]["time_vs_baseline"].startswith("slower")
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000
+    # the other setting as baseline flips the verdict
+    assert main([*paths, "--baseline", "Top-k 10x"]) == 0
+    assert "better (+5.34 pp [" in capsys.readouterr().out
+
+
+def test_compare_mistakes_are_one_line(tmp_path, capsys):
+    from plots.compare import main
+    assert main([str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no runs found in") and err.count("\n") == 1
+    run = str(ROOT / "results" / "reference" / "mini_vgg" / "runs" / "dense-s0")
+    assert main([run, "--baseline", "Nope"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: no setting is labelled 'Nope'; settings: Dense\n"
