@@ -163,5 +163,5 @@ def static_gain_figure(ctx: Context, window: int = 0):
     return fig
 
 
-from plots.figures_more import (cf_figure, ci_bars, gravac_gain_figure, multilevel_figure,  # noqa: E402, F401
+from plots.figures_more import (_bars_note, cf_figure, ci_bars, gravac_gain_figure, multilevel_figure,  # noqa: E402, F401
                                 sent_cf_series, tcomp_figure)
