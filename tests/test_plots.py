@@ -96,7 +96,7 @@ def write_run(root: Path, name: str, method: str, compressor: str, cf: float, fl
 
 def setting_of(config: dict) -> dict:
     """The `setting` block bench/run.py writes into config.yaml and summary.json for this config."""
-    from gravac.config import build_config, saved_config
+    from gravac.config.compose import build_config, saved_config
     return saved_config(build_config({k: dict(config[k]) for k in ("method", "compressor")}))["setting"]
 
 
