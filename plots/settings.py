@@ -171,11 +171,15 @@ def _settings_across_versions(runs: list[Run]) -> tuple[list[dict[str, Any]], di
     older code behaved as that value when adding an option keeps the old behaviour as its default
     (this project's rule); runs that vary the option are still split by it."""
     settings = [relevant_settings(r) for r in runs]
-    with_config = [s for s, r in zip(settings, runs) if r.has_config]
+    pairs = [(s, r) for s, r in zip(settings, runs) if r.has_config]
+    kind = lambda r, k: r.cfg(k.split(".")[0] + ".name")  # noqa: E731  (the method, compressor, ...; None for train)
     merged = {}
-    for k in sorted(set().union(*(s.keys() for s in with_config))) if with_config else []:
-        values = {s[k] for s in with_config if k in s}
-        if len(values) == 1 and any(k not in s for s in with_config):
+    for k in sorted(set().union(*(s.keys() for s, _ in pairs))) if pairs else []:
+        values = {s[k] for s, _ in pairs if k in s}
+        kinds = {kind(r, k) for s, r in pairs if k in s}
+        # a gap between versions: a run of the same method (compressor, ...) as those recording k lacks it;
+        # keys only some methods have are not gaps
+        if len(values) == 1 and any(k not in s and kind(r, k) in kinds for s, r in pairs):
             merged[k] = next(iter(values))
     return [{k: v for k, v in s.items() if k not in merged} for s in settings], merged
 
