@@ -276,3 +276,18 @@ def test_a_one_machine_ddp_run_listens_on_loopback_only(tmp_path):
     assert listening, "gloo listens on something; ss saw nothing"
     hosts_seen = [a.rsplit(":", 1)[0].strip("[]") for a in listening]
     assert all(ipaddress.ip_address(h).is_loopback for h in hosts_seen), listening
+
+
+def test_the_last_line_gives_the_modelled_time_the_tables_use(tmp_path):
+    """Issue 41, item 4: the run's last lines said the serial modelled time while the tables use the
+    overlapped one. Now: the overlapped time, then the serial sum in brackets when they differ."""
+    from gravac.run.launch import _modelled
+    assert _modelled({"overlap_model_s": 4.93, "model_s": 5.31}) == "4.9 s (serial 5.3 s)"
+    assert _modelled({"overlap_model_s": 5.31, "model_s": 5.34}) == "5.3 s"
+    assert _modelled({"model_s": 5.31}) == "5.3 s"
+    assert _modelled({"overlap_model_s": 4.93, "model_s": 5.31, "clock": {"overlap": False}}) == "5.3 s (overlapped 4.9 s)"
+    r, runs = _run(tmp_path, ["train.steps=6", "network=1gbps"])
+    assert r.returncode == 0, r.stderr
+    s = json.loads((runs[0] / "summary.json").read_text())
+    done = next(line for line in r.stdout.splitlines() if line.startswith("done: "))
+    assert f"modelled {_modelled(s)}, wall" in done and f"modelled {s['overlap_model_s']:.1f} s" in done

@@ -81,12 +81,23 @@ def _run(cfg: RunConfig, group, device, run_dir: str | None, command: str = "") 
     return summary
 
 
+def _modelled(s: dict) -> str:
+    """The modelled time the tables use (overlapped with backward, unless network.overlap=false),
+    then the other one in brackets when they differ."""
+    over, serial = s.get("overlap_model_s"), s["model_s"]
+    if over is None or f"{over:.1f}" == f"{serial:.1f}":
+        return f"{serial:.1f} s"
+    if (s.get("clock") or {}).get("overlap", True):
+        return f"{over:.1f} s (serial {serial:.1f} s)"
+    return f"{serial:.1f} s (overlapped {over:.1f} s)"
+
+
 def _report(s: dict, run_dir: str) -> None:
     """A few closing lines: where the results are and the headline numbers."""
     fmt = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
     print(f"done: {s['steps']} steps, final {s['metric']} {fmt(s['final_metric'])} (best {fmt(s['best_metric'])}), "
           f"floats sent/worker {s['floats_sent']:.4g}, wire {s['wire_bytes'] / 1e6:.4g} MB/worker, "
-          f"modelled {s['model_s']:.1f} s, wall {s['wall_s']:.1f} s")
+          f"modelled {_modelled(s)}, wall {s['wall_s']:.1f} s")
     if s.get("explanation"):
         print(s["explanation"])
     print(f"results: {run_dir}")
