@@ -291,3 +291,31 @@ def test_the_last_line_gives_the_modelled_time_the_tables_use(tmp_path):
     s = json.loads((runs[0] / "summary.json").read_text())
     done = next(line for line in r.stdout.splitlines() if line.startswith("done: "))
     assert f"modelled {_modelled(s)}, wall" in done and f"modelled {s['overlap_model_s']:.1f} s" in done
+
+
+def test_progress_in_a_log_file_is_plain_lines_with_an_eta():
+    """Issue 41, item 7: with stderr not a terminal, tqdm wrote the whole run as one line. Now one
+    line every progress_every_s seconds and at the end, with the rate and the time left."""
+    import io
+    from gravac.loop.track import LineProgress, duration
+    assert [duration(s) for s in (12, 286, 7500)] == ["12 s", "4 min 46 s", "2 h 05 min"]
+    now = [100.0]
+    out = io.StringIO()
+    p = LineProgress(10, every_s=30, clock=lambda: now[0], out=out)
+    p.start_at(2)                                   # resumed after 2 steps
+    for _ in range(8):
+        now[0] += 10.0                              # 10 s a step
+        p.set_postfix({"loss": "1.234"})
+        p.update(1)
+    assert out.getvalue().splitlines() == [
+        "step 5/10 (50%), 10 s/step, ETA 50 s, loss 1.234",
+        "step 8/10 (80%), 10 s/step, ETA 20 s, loss 1.234",
+        "step 10/10 (100%), 10 s/step, loss 1.234"]
+
+
+def test_a_run_logged_to_a_file_prints_progress_lines(tmp_path):
+    r, _ = _run(tmp_path, ["train.steps=4", "logger.progress=true", "logger.progress_every_s=0"])
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("step ")]
+    assert [ln.split(",")[0] for ln in lines] == ["step 1/4 (25%)", "step 2/4 (50%)", "step 3/4 (75%)", "step 4/4 (100%)"]
+    assert "ETA" in lines[0] and "\r" not in r.stderr

@@ -123,7 +123,9 @@ class TrainCfg:
 class LoggerCfg:
     """Progress display and optional experiment tracking (only rank 0 logs)."""
     name: str = option("none", choices=("none", "wandb"))
-    progress: bool = True
+    progress: bool = option(True, doc="show progress: a bar on a terminal, else a plain line every progress_every_s")
+    progress_every_s: float = option(30.0, check=lambda v: v >= 0, valid=">= 0",
+                                     doc="seconds between the plain progress lines written to a log file (0: every step)")
     project: str = "gravac-bench"
     mode: str = option("offline", choices=("offline", "online", "disabled"))   # wandb mode
     entity: str = ""
