@@ -1,0 +1,358 @@
+"""Quantizers' shared machinery: the packed payload, bit packing, scale groups, seeded dithers.
+
+A quantizer sends every element as a b-bit code (b in 1, 2, 4, 8) plus a few float32 numbers per
+*group* of elements (a bucket, or a whole tensor): QSGD's norms, TernGrad's and EF-SignSGD's
+scales, min-max quantization's (min, step). Every element decodes as
+
+    value = (code - offset) * step[g] + base[g]                 (g: the element's group)
+
+with ``offset`` fixed by the quantizer (QSGD: s, TernGrad: 1, EF-SignSGD: 1/2, min-max: 0), so a
+zero code of a symmetric quantizer decodes to exactly 0. Groups never cross a layer boundary
+(granularity=layer) and follow from the layout and the bucket size, which every worker knows: they
+are not sent. The payload's size therefore depends only on the layout, identical on every worker,
+and an all-gather needs neither counts nor padding.
+
+Wire format (``QuantPayload.to_bytes``), what ``wire_bytes()`` counts exactly: the codes packed
+little-end first (code i in bits (i mod 8/b)*b of byte i div (8/b); the last byte zero-padded),
+then each group's float32 scales. Floats-sent convention: value-equivalents = wire bits / 32, so
+CF = numel / floats = 32 / (wire bits per element).
+
+Randomness (stochastic rounding) is 16-bit: code = floor(y + u), u = (r + 1/2) / 2^16 with r a
+uniform 16-bit integer, so E[code] = y up to 2^-17 of a level (float32 rounding of y is of the
+same order for 8-bit codes). The integers come from NumPy's PCG64 seeded by the caller's torch
+CPU generator (compressors.base.generator): a deterministic function of the seed, so simulated and
+real workers draw identically, at about twice the rate of torch's own CPU generator.
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import fields
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .arrays import NONFINITE
+from .base import Compressor, CompressorCfg, Payload, generator, validate
+from .registry import option
+
+#: Unused value of compressor.cf for quantizers: the base config's default (cf is not set).
+CF_UNSET = {f.name: f.default for f in fields(CompressorCfg)}["cf"]
+CODE_BITS = (1, 2, 4, 8)
+
+
+def cf_option():
+    """compressor.cf for a quantizer: fixed by its code width, so setting it is an error (one line)."""
+    return option(CF_UNSET, check=lambda v: v == CF_UNSET,
+                  valid="left unset: a quantizer's CF is fixed by its code width (CF = 32 / wire bits per "
+                        "element); choose its bits or levels instead")
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 codes (each < 2**bits) packed 8/bits per byte, little-end first; last byte zero-padded."""
+    if bits == 8:
+        return codes
+    if bits == 1:
+        return np.packbits(codes, bitorder="little")
+    per = 8 // bits
+    n = codes.shape[0]
+    full = n - n % per
+    out = np.empty((n + per - 1) // per, dtype=np.uint8)
+    body = codes[:full].reshape(-1, per)
+    acc = body[:, 0].copy()
+    for j in range(1, per):
+        acc |= body[:, j] << np.uint8(j * bits)
+    out[:full // per] = acc
+    if full < n:
+        tail = codes[full:]
+        out[-1] = sum(int(c) << (j * bits) for j, c in enumerate(tail.tolist()))
+    return out
+
+
+def unpack(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
+    """The n uint8 codes of ``pack(codes, bits)``."""
+    if bits == 8:
+        return packed[:n]
+    if bits == 1:
+        return np.unpackbits(packed, count=n, bitorder="little")
+    per, mask = 8 // bits, np.uint8((1 << bits) - 1)
+    out = np.empty((packed.shape[0], per), dtype=np.uint8)
+    for j in range(per):
+        np.bitwise_and(packed >> np.uint8(j * bits), mask, out=out[:, j])
+    return out.reshape(-1)[:n]
+
+
+def group_lengths(sizes, bucket: int) -> np.ndarray:
+    """Lengths of the scale groups of a flat tensor made of segments of ``sizes``: each segment
+    cut into buckets of ``bucket`` elements (the last one shorter), or whole with bucket=0; empty
+    segments have no group."""
+    parts = []
+    for m in sizes:
+        m = int(m)
+        if m <= 0:
+            continue
+        if bucket <= 0 or bucket >= m:
+            parts.append(np.array([m], dtype=np.int64))
+        else:
+            full, rest = divmod(m, bucket)
+            parts.append(np.full(full + (rest > 0), bucket, dtype=np.int64))
+            if rest:
+                parts[-1][-1] = rest
+    return np.concatenate(parts)
+
+
+def per_element(vals: np.ndarray, lens: np.ndarray, n: int):
+    """vals (one per group) as an array broadcasting against the flat tensor viewed by
+    ``grouped``: (groups, 1) when all groups have one length, else repeated per element."""
+    if lens.shape[0] == 1 or (n % lens[0] == 0 and lens.shape[0] == n // lens[0] and (lens == lens[0]).all()):
+        return vals.reshape(-1, 1)
+    return np.repeat(vals, lens)
+
+
+def grouped(a: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """a reshaped (groups, length) when all groups have one length (see per_element), else a."""
+    if lens.shape[0] == 1 or (a.shape[0] % lens[0] == 0 and lens.shape[0] == a.shape[0] // lens[0]
+                              and (lens == lens[0]).all()):
+        return a.reshape(lens.shape[0], -1)
+    return a
+
+
+def group_reduce(ufunc, a: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """ufunc.reduce over each group of the flat array a (one pass)."""
+    starts = np.zeros(lens.shape[0], dtype=np.int64)
+    np.cumsum(lens[:-1], out=starts[1:])
+    return ufunc.reduceat(a, starts)
+
+
+def dither(n: int, seed: int, salt: int) -> np.ndarray:
+    """n uniform 16-bit integers (uint16) from (seed, salt): the same on every host."""
+    s = int(torch.randint(0, 2**62, (1,), generator=generator(seed, salt)))
+    words = np.random.Generator(np.random.PCG64(s)).integers(0, 2**32, (n + 1) // 2, dtype=np.uint32)
+    return words.view(np.uint16)[:n]
+
+
+def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, top: int, *,
+                 seed: int | None, salt: int = 0, shift: np.ndarray | None = None) -> np.ndarray:
+    """uint8 codes of y = (a + shift[g]) * mult[g] + add (y in [0, top] by construction):
+    floor(y + u) with u uniform 16-bit (stochastic, E[code] = y) when ``seed`` is given, else
+    round(y) (nearest). The shift comes first so that data far from 0 keeps its precision.
+
+    Stochastic: t = y * 2^16 + r + 1/2 in float32 (below 2^24 for top <= 255, so the 16 random
+    bits keep their weight), truncated to int32 and shifted right by 16. Codes a float rounding
+    outside [0, top] are clipped."""
+    n, scale = a.shape[0], 65536.0 if seed is not None else 1.0
+    y = np.empty(n, dtype=np.float32)
+    m = per_element((mult * scale).astype(np.float32), lens, n)
+    if shift is None:
+        np.multiply(grouped(a, lens), m, out=grouped(y, lens))
+    else:
+        np.add(grouped(a, lens), per_element(shift.astype(np.float32), lens, n), out=grouped(y, lens))
+        grouped(y, lens)[...] *= m
+    if seed is not None:
+        y += dither(n, seed, salt)
+    y += np.float32(add * scale + 0.5)
+    t = y.astype(np.int32)          # truncation = floor for y >= 0
+    if seed is not None:
+        t >>= 16
+    np.clip(t, 0, top, out=t)
+    return t.astype(np.uint8)
+
+
+class QuantPayload:
+    """What one worker sends for one tensor under a quantizer: packed codes and group scales.
+
+    Duck-types Payload where a consumer needs the values: ``values`` and ``dense()`` are the
+    decoded tensor (computed once), ``indices`` is None. ``packed`` marks it for the
+    communication layer, which all-gathers ``to_bytes()`` (the payload's size is the same on
+    every worker for one layout) and decodes each worker's bytes with ``from_bytes``.
+    """
+
+    packed = True
+    indices = None
+    shared = False
+
+    def __init__(self, codes: np.ndarray, scales: np.ndarray, numel: int, quantizer: "Quantizer",
+                 lens: np.ndarray, dtype: torch.dtype, device) -> None:
+        self.codes, self.scales, self.numel = codes, scales, int(numel)
+        self.quantizer, self.lens, self.dtype, self.device = quantizer, lens, dtype, device
+        self._dense: Tensor | None = None
+
+    @property
+    def bits(self) -> int:
+        return self.quantizer.bits
+
+    @property
+    def nnz(self) -> int:
+        """Elements the payload represents (every one: quantizers do not select)."""
+        return self.numel
+
+    @property
+    def floats(self) -> float:
+        """Float32 value-equivalents sent: wire bits / 32 (the suite's floats-sent convention)."""
+        return self.wire_bytes() / 4
+
+    def wire_bytes(self) -> int:
+        """Exact bytes sent: the packed codes plus 4 bytes per scale."""
+        return int(self.codes.nbytes + self.scales.nbytes)
+
+    def index_bytes(self) -> int:
+        return 0
+
+    def to_bytes(self) -> Tensor:
+        """The wire format as one uint8 tensor of wire_bytes() bytes (codes, then float32 scales)."""
+        buf = np.empty(self.wire_bytes(), dtype=np.uint8)
+        buf[:self.codes.nbytes] = self.codes
+        buf[self.codes.nbytes:] = self.scales.reshape(-1).view(np.uint8)
+        return torch.from_numpy(buf).to(self.device)
+
+    def from_bytes(self, buf: Tensor) -> "QuantPayload":
+        """Another worker's payload of the same layout, from its to_bytes()."""
+        b = buf.cpu().numpy()
+        if b.shape[0] != self.wire_bytes():
+            raise ValueError(f"packed payload of {b.shape[0]} bytes, expected {self.wire_bytes()}")
+        nc = self.codes.nbytes
+        scales = b[nc:].copy().view(np.float32).reshape(self.scales.shape)
+        return QuantPayload(b[:nc].copy(), scales, self.numel, self.quantizer, self.lens, self.dtype, self.device)
+
+    @property
+    def values(self) -> Tensor:
+        return self.dense()
+
+    def dense(self) -> Tensor:
+        """Decode (once; later calls return the same tensor)."""
+        if self._dense is None:
+            self._dense = self.quantizer.decode(self)
+        return self._dense
+
+    def __repr__(self) -> str:
+        return (f"QuantPayload({self.quantizer.name}, numel={self.numel}, bits={self.bits}, "
+                f"groups={self.lens.shape[0]}, wire_bytes={self.wire_bytes()})")
+
+
+class Quantizer(Compressor):
+    """A compressor sending b-bit codes plus per-group float32 scales (see the module docstring).
+
+    ``compress(x, cf)`` ignores cf (the code width fixes the CF; configs refuse a set
+    compressor.cf). Layer-wise granularity (Layerwise) calls ``quantize`` with the layer sizes:
+    groups never cross a layer. Subclasses set ``bits``, ``offset``, ``bucket``, and implement
+    ``_encode`` (codes and scales) and ``_affine`` (each group's step and base from its scales).
+    """
+
+    bits: int = 8
+    offset: float = 0.0
+    bucket: int = 0
+    stochastic: bool = False
+    segmented = True    # Layerwise hands the whole tensor and its layer sizes to quantize()
+
+    @property
+    def per_rank_seed(self) -> bool:
+        """Stochastic rounding draws independently on every worker (as the papers' workers do):
+        the errors of the average then shrink with the number of workers."""
+        return self.stochastic
+
+    @classmethod
+    def code_bits(cls, cfg) -> int:
+        """Bits per code the config gives."""
+        return cls.bits
+
+    @classmethod
+    def scales_per_group(cls, cfg) -> int:
+        return 1
+
+    @classmethod
+    def fixed_cf(cls, cfg) -> float:
+        """CF = 32 / bits per element on a tensor much larger than a bucket (scales included;
+        a per-tensor scale is counted as nothing)."""
+        bucket = getattr(cfg, "bucket", 0)
+        bits = cls.code_bits(cfg) + (32 * cls.scales_per_group(cfg) / bucket if bucket else 0.0)
+        return 32.0 / bits
+
+    @classmethod
+    def setting(cls, cfg) -> str:
+        """How plots and tables name the configured quantizer beside its label."""
+        bucket = getattr(cfg, "bucket", 0)
+        return f"{cls.code_bits(cfg)}-bit" + (f", bucket {bucket}" if bucket else "")
+
+    @torch.no_grad()
+    def compress_checked(self, x: Tensor, cf=None, *, seed: int = 0, check: bool = True) -> QuantPayload:
+        validate(x, 1.0)
+        return self.quantize(x, [x.numel()], seed=seed, check=check)
+
+    @torch.no_grad()
+    def quantize(self, x: Tensor, sizes, *, seed: int = 0, check: bool = True) -> QuantPayload:
+        """Encode flat x made of segments of ``sizes`` (groups stay inside a segment)."""
+        validate(x, 1.0)
+        if x.numel() != sum(int(s) for s in sizes):
+            raise ValueError(f"segment sizes sum to {sum(sizes)}, tensor has {x.numel()} elements")
+        a = x.detach().to("cpu", torch.float32).numpy()
+        lens = group_lengths(sizes, self.bucket)
+        codes, scales = self._encode(a, lens, seed, check)
+        return QuantPayload(pack(codes, self.bits), scales.astype(np.float32, copy=False), a.shape[0], self,
+                            lens, x.dtype, x.device)
+
+    def decode(self, p: QuantPayload) -> Tensor:
+        """The dense tensor p stands for: (code - offset) * step + base per group."""
+        out = unpack(p.codes, self.bits, p.numel).astype(np.float32)
+        if self.offset:
+            out -= np.float32(self.offset)
+        step, base = self._affine(p.scales)
+        view = grouped(out, p.lens)
+        view *= per_element(step, p.lens, p.numel)
+        if base is not None:
+            view += per_element(base, p.lens, p.numel)
+        return torch.from_numpy(out).to(device=p.device, dtype=p.dtype)
+
+    @abstractmethod
+    def _encode(self, a: np.ndarray, lens: np.ndarray, seed: int, check: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(uint8 codes, float32 scales of shape (groups,) or (groups, m)) of float32 array a;
+        with ``check``, raise ValueError on NaN/Inf (``finite(scales)``: the scales see every element)."""
+
+    @abstractmethod
+    def _affine(self, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Each group's (step, base or None) from its scales."""
+
+    def _select(self, a, k, cf, seed, check):  # pragma: no cover - compress_checked is overridden
+        raise NotImplementedError
+
+    def recompress(self, p, cs, *, seed: int = 0):
+        raise ValueError(f"{self.name} cannot compress a payload further (multi-level compression needs a "
+                         "sparsifier: topk, dgc, redsync, randomk)")
+
+
+def group_scale(a: np.ndarray, lens: np.ndarray, kind: str) -> np.ndarray:
+    """Per-group float64 L2 norm ('l2'), max |a| ('max') or mean |a| ('mean') of float32 a."""
+    g = grouped(a, lens)
+    if kind == "l2":
+        if g.ndim == 2:
+            out = np.sqrt(np.einsum("ij,ij->i", g, g, dtype=np.float64))
+        else:
+            out = np.sqrt(group_reduce(np.add, np.square(a, dtype=np.float64), lens))
+        return out
+    if kind == "max":
+        if g.ndim == 2:
+            hi, lo = g.max(axis=1), g.min(axis=1)
+        else:
+            hi, lo = group_reduce(np.maximum, a, lens), group_reduce(np.minimum, a, lens)
+        return np.maximum(hi.astype(np.float64), -lo.astype(np.float64))
+    if kind == "mean":
+        s = np.abs(g).sum(axis=1, dtype=np.float64) if g.ndim == 2 else \
+            group_reduce(np.add, np.abs(a).astype(np.float64), lens)
+        return s / lens
+    raise ValueError(kind)
+
+
+def finite(scales: np.ndarray, check: bool) -> np.ndarray:
+    """scales, after raising ValueError when ``check`` and one is NaN/Inf (every scale reduces its
+    group's elements, so a NaN/Inf element shows in its group's scale)."""
+    if check and not np.isfinite(scales).all():
+        raise ValueError(NONFINITE)
+    return scales
+
+
+def safe_inverse(scale: np.ndarray, factor: float) -> np.ndarray:
+    """factor / scale as float32, 0 where scale is 0 (an all-zero group encodes as zero codes)."""
+    out = np.zeros(scale.shape, dtype=np.float64)
+    np.divide(factor, scale, out=out, where=scale > 0)
+    return out.astype(np.float32)
+
+
