@@ -49,37 +49,38 @@ def cf_option():
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 codes (each < 2**bits) packed 8/bits per byte, little-end first; last byte zero-padded."""
+    """uint8 codes (each < 2**bits) packed 8/bits per byte, little-end first; last byte zero-padded.
+    2 and 4 bits combine neighbouring codes inside uint32 / uint16 words (a few whole-array ops)."""
     if bits == 8:
         return codes
     if bits == 1:
         return np.packbits(codes, bitorder="little")
-    per = 8 // bits
-    n = codes.shape[0]
-    full = n - n % per
-    out = np.empty((n + per - 1) // per, dtype=np.uint8)
-    body = codes[:full].reshape(-1, per)
-    acc = body[:, 0].copy()
-    for j in range(1, per):
-        acc |= body[:, j] << np.uint8(j * bits)
-    out[:full // per] = acc
-    if full < n:
-        tail = codes[full:]
-        out[-1] = sum(int(c) << (j * bits) for j, c in enumerate(tail.tolist()))
-    return out
+    per, n = 8 // bits, codes.shape[0]
+    if n % per:
+        codes = np.concatenate([codes, np.zeros(per - n % per, dtype=np.uint8)])
+    if not np.little_endian:  # pragma: no cover - the word trick assumes little-endian words
+        body = codes.reshape(-1, per).astype(np.uint16) << (np.arange(per, dtype=np.uint16) * bits)
+        return np.bitwise_or.reduce(body, axis=1).astype(np.uint8)
+    if bits == 4:                       # c0 + c1 << 8  ->  c0 | c1 << 4
+        v = codes.view(np.uint16)
+        return ((v & 0x000F) | ((v >> 4) & 0x00F0)).astype(np.uint8)
+    v = codes.view(np.uint32)           # c0 | c1 << 8 | c2 << 16 | c3 << 24
+    w = v | (v >> 6)                    # c0 | c1 << 2 in byte 0, c2 | c3 << 2 in byte 2
+    w &= 0x000F000F
+    w |= w >> 12
+    return w.astype(np.uint8)
 
 
 def unpack(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
     """The n uint8 codes of ``pack(codes, bits)``."""
-    if bits == 8:
-        return packed[:n]
-    if bits == 1:
-        return np.unpackbits(packed, count=n, bitorder="little")
-    per, mask = 8 // bits, np.uint8((1 << bits) - 1)
-    out = np.empty((packed.shape[0], per), dtype=np.uint8)
-    for j in range(per):
-        np.bitwise_and(packed >> np.uint8(j * bits), mask, out=out[:, j])
-    return out.reshape(-1)[:n]
+    return np.take(code_table(bits, np.uint8, 0), packed, axis=0).reshape(-1)[:n]
+
+
+def code_table(bits: int, dtype, offset: float) -> np.ndarray:
+    """(256, 8/bits) table: the codes a byte holds, minus ``offset``, as ``dtype``."""
+    per = 8 // bits
+    b = np.arange(256)[:, None] >> (np.arange(per) * bits)[None, :]
+    return ((b & ((1 << bits) - 1)) - offset).astype(dtype)
 
 
 def group_lengths(sizes, bucket: int) -> np.ndarray:
@@ -101,16 +102,51 @@ def group_lengths(sizes, bucket: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def per_element(vals: np.ndarray, lens: np.ndarray, n: int):
-    """vals (one per group) as an array broadcasting against the flat tensor viewed by
-    ``grouped``: (groups, 1) when all groups have one length, else repeated per element."""
-    if lens.shape[0] == 1 or (n % lens[0] == 0 and lens.shape[0] == n // lens[0] and (lens == lens[0]).all()):
-        return vals.reshape(-1, 1)
-    return np.repeat(vals, lens)
+#: Elements per block of the blocked encode/decode loops (their temporaries stay in cache).
+BLOCK = 1 << 16
+
+
+class Spread:
+    """One value per group, read per element over a block [lo, hi) of the flat tensor.
+
+    One group: a scalar. Groups of one length L: blocks are cut at multiples of L and the values
+    broadcast over a (groups, L) view. Otherwise the values are repeated per element once."""
+
+    def __init__(self, vals: np.ndarray, lens: np.ndarray, n: int) -> None:
+        self.vals = vals
+        L = int(lens[0])
+        if lens.shape[0] == 1:
+            self.kind, self.L = "one", 1
+        elif (lens[:-1] == L).all() and int(lens[-1]) <= L:
+            self.kind, self.L = "uniform", L       # the last group may be shorter
+        else:
+            self.kind, self.L, self.full = "repeat", 1, np.repeat(vals, lens)
+
+    def blocks(self, n: int):
+        """Block bounds (lo, hi), about BLOCK elements each, multiples of 8 (whole bytes of codes)
+        and for uniform groups of L."""
+        unit = int(np.lcm(self.L, 8)) if self.kind == "uniform" else 8
+        step = max(BLOCK // unit, 1) * unit
+        return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+    def apply(self, ufunc, y: np.ndarray, lo: int, hi: int) -> None:
+        """y = ufunc(y, value) in place, y being the block [lo, hi)."""
+        if self.kind == "one":
+            ufunc(y, self.vals[0], out=y)
+        elif self.kind == "repeat":
+            ufunc(y, self.full[lo:hi], out=y)
+        else:
+            g0, L = lo // self.L, self.L
+            full = (hi - lo) // L
+            if full:
+                v = y[:full * L].reshape(full, L)
+                ufunc(v, self.vals[g0:g0 + full, None], out=v)
+            if hi - lo > full * L:                  # the short last group
+                ufunc(y[full * L:], self.vals[g0 + full], out=y[full * L:])
 
 
 def grouped(a: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """a reshaped (groups, length) when all groups have one length (see per_element), else a."""
+    """a reshaped (groups, length) when all groups have one length, else a (for reductions)."""
     if lens.shape[0] == 1 or (a.shape[0] % lens[0] == 0 and lens.shape[0] == a.shape[0] // lens[0]
                               and (lens == lens[0]).all()):
         return a.reshape(lens.shape[0], -1)
@@ -124,11 +160,11 @@ def group_reduce(ufunc, a: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return ufunc.reduceat(a, starts)
 
 
-def dither(n: int, seed: int, salt: int) -> np.ndarray:
-    """n uniform 16-bit integers (uint16) from (seed, salt): the same on every host."""
+def dither_stream(seed: int, salt: int) -> np.random.PCG64:
+    """The 16-bit dither stream of (seed, salt): NumPy's PCG64, seeded from a torch CPU generator
+    (compressors.base.generator), so it is the same on every host."""
     s = int(torch.randint(0, 2**62, (1,), generator=generator(seed, salt)))
-    words = np.random.Generator(np.random.PCG64(s)).integers(0, 2**32, (n + 1) // 2, dtype=np.uint32)
-    return words.view(np.uint16)[:n]
+    return np.random.PCG64(s)
 
 
 def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, top: int, *,
@@ -139,23 +175,32 @@ def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, 
 
     Stochastic: t = y * 2^16 + r + 1/2 in float32 (below 2^24 for top <= 255, so the 16 random
     bits keep their weight), truncated to int32 and shifted right by 16. Codes a float rounding
-    outside [0, top] are clipped."""
+    outside [0, top] are clipped. Runs in blocks of about BLOCK elements (cache-resident
+    temporaries); block b of the dither is the stream's next (block length) 16-bit integers."""
     n, scale = a.shape[0], 65536.0 if seed is not None else 1.0
-    y = np.empty(n, dtype=np.float32)
-    m = per_element((mult * scale).astype(np.float32), lens, n)
-    if shift is None:
-        np.multiply(grouped(a, lens), m, out=grouped(y, lens))
-    else:
-        np.add(grouped(a, lens), per_element(shift.astype(np.float32), lens, n), out=grouped(y, lens))
-        grouped(y, lens)[...] *= m
-    if seed is not None:
-        y += dither(n, seed, salt)
-    y += np.float32(add * scale + 0.5)
-    t = y.astype(np.int32)          # truncation = floor for y >= 0
-    if seed is not None:
-        t >>= 16
-    np.clip(t, 0, top, out=t)
-    return t.astype(np.uint8)
+    m = Spread((mult * scale).astype(np.float32), lens, n)
+    sh = Spread(shift.astype(np.float32), lens, n) if shift is not None else None
+    bg = dither_stream(seed, salt) if seed is not None else None
+    plus = np.float32(add * scale + 0.5)
+    out = np.empty(n, dtype=np.uint8)
+    ybuf, tbuf = np.empty(BLOCK + m.L, dtype=np.float32), np.empty(BLOCK + m.L, dtype=np.int32)
+    for lo, hi in m.blocks(n):
+        y, t = ybuf[:hi - lo], tbuf[:hi - lo]
+        if sh is None:
+            np.copyto(y, a[lo:hi])
+        else:
+            np.copyto(y, a[lo:hi])
+            sh.apply(np.add, y, lo, hi)
+        m.apply(np.multiply, y, lo, hi)
+        if bg is not None:
+            y += bg.random_raw((hi - lo + 3) // 4).view(np.uint16)[:hi - lo]
+        y += plus
+        np.copyto(t, y, casting="unsafe")      # truncation = floor for y >= 0
+        if bg is not None:
+            t >>= 16
+        np.clip(t, 0, top, out=t)
+        np.copyto(out[lo:hi], t, casting="unsafe")
+    return out
 
 
 class QuantPayload:
@@ -291,15 +336,28 @@ class Quantizer(Compressor):
                             lens, x.dtype, x.device)
 
     def decode(self, p: QuantPayload) -> Tensor:
-        """The dense tensor p stands for: (code - offset) * step + base per group."""
-        out = unpack(p.codes, self.bits, p.numel).astype(np.float32)
-        if self.offset:
-            out -= np.float32(self.offset)
+        """The dense tensor p stands for: (code - offset) * step + base per group, in blocks."""
+        n = p.numel
         step, base = self._affine(p.scales)
-        view = grouped(out, p.lens)
-        view *= per_element(step, p.lens, p.numel)
-        if base is not None:
-            view += per_element(base, p.lens, p.numel)
+        st = Spread(step.astype(np.float32), p.lens, n)
+        bs = Spread(base.astype(np.float32), p.lens, n) if base is not None else None
+        out = np.empty(n, dtype=np.float32)
+        per = 8 // self.bits
+        lut = code_table(self.bits, np.float32, self.offset)   # byte -> its codes minus the offset
+        for lo, hi in st.blocks(n):
+            y = out[lo:hi]
+            nb, b0 = (hi - lo) // per, lo // per          # whole bytes; blocks start on a byte
+            if per == 1:                                  # 8 bits: a cast (faster than the table)
+                np.copyto(y, p.codes[lo:hi], casting="unsafe")
+                if self.offset:
+                    y -= np.float32(self.offset)
+            else:
+                np.take(lut, p.codes[b0:b0 + nb], axis=0, out=y[:nb * per].reshape(nb, per))
+            if nb * per < hi - lo:
+                y[nb * per:] = lut[p.codes[b0 + nb]][:hi - lo - nb * per]
+            st.apply(np.multiply, y, lo, hi)
+            if bs is not None:
+                bs.apply(np.add, y, lo, hi)
         return torch.from_numpy(out).to(device=p.device, dtype=p.dtype)
 
     @abstractmethod
@@ -323,7 +381,9 @@ def group_scale(a: np.ndarray, lens: np.ndarray, kind: str) -> np.ndarray:
     """Per-group float64 L2 norm ('l2'), max |a| ('max') or mean |a| ('mean') of float32 a."""
     g = grouped(a, lens)
     if kind == "l2":
-        if g.ndim == 2:
+        if g.ndim == 2 and g.shape[1] <= 1 << 16:   # float32 sums of short rows: accurate enough
+            out = np.sqrt(np.einsum("ij,ij->i", g, g).astype(np.float64))
+        elif g.ndim == 2:
             out = np.sqrt(np.einsum("ij,ij->i", g, g, dtype=np.float64))
         else:
             out = np.sqrt(group_reduce(np.add, np.square(a, dtype=np.float64), lens))
