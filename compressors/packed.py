@@ -160,11 +160,11 @@ def group_reduce(ufunc, a: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return ufunc.reduceat(a, starts)
 
 
-def dither_stream(seed: int, salt: int) -> np.random.PCG64:
-    """The 16-bit dither stream of (seed, salt): NumPy's PCG64, seeded from a torch CPU generator
-    (compressors.base.generator), so it is the same on every host."""
-    s = int(torch.randint(0, 2**62, (1,), generator=generator(seed, salt)))
-    return np.random.PCG64(s)
+def dither_seed(seed: int, salt: int) -> int:
+    """Seed of the 16-bit dither stream of (seed, salt), drawn from a torch CPU generator
+    (compressors.base.generator): NumPy's PCG64 from it is the same on every host, and element
+    i's 16 bits are bits 16(i mod 4).. of the stream's (i div 4)-th 64-bit output."""
+    return int(torch.randint(0, 2**62, (1,), generator=generator(seed, salt)))
 
 
 def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, top: int, *,
@@ -180,27 +180,56 @@ def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, 
     n, scale = a.shape[0], 65536.0 if seed is not None else 1.0
     m = Spread((mult * scale).astype(np.float32), lens, n)
     sh = Spread(shift.astype(np.float32), lens, n) if shift is not None else None
-    bg = dither_stream(seed, salt) if seed is not None else None
+    s0 = dither_seed(seed, salt) if seed is not None else None
     plus = np.float32(add * scale + 0.5)
     out = np.empty(n, dtype=np.uint8)
-    ybuf, tbuf = np.empty(BLOCK + m.L, dtype=np.float32), np.empty(BLOCK + m.L, dtype=np.int32)
-    for lo, hi in m.blocks(n):
-        y, t = ybuf[:hi - lo], tbuf[:hi - lo]
-        if sh is None:
+
+    def part(blocks):
+        if not blocks:
+            return
+        ybuf, tbuf = np.empty(BLOCK + m.L, dtype=np.float32), np.empty(BLOCK + m.L, dtype=np.int32)
+        bg = None
+        if s0 is not None:          # the stream from this part's first draw: blocks start at multiples of 8
+            bg = np.random.PCG64(s0)
+            bg.advance(blocks[0][0] // 4)
+        for lo, hi in blocks:
+            y, t = ybuf[:hi - lo], tbuf[:hi - lo]
             np.copyto(y, a[lo:hi])
-        else:
-            np.copyto(y, a[lo:hi])
-            sh.apply(np.add, y, lo, hi)
-        m.apply(np.multiply, y, lo, hi)
-        if bg is not None:
-            y += bg.random_raw((hi - lo + 3) // 4).view(np.uint16)[:hi - lo]
-        y += plus
-        np.copyto(t, y, casting="unsafe")      # truncation = floor for y >= 0
-        if bg is not None:
-            t >>= 16
-        np.clip(t, 0, top, out=t)
-        np.copyto(out[lo:hi], t, casting="unsafe")
+            if sh is not None:
+                sh.apply(np.add, y, lo, hi)
+            m.apply(np.multiply, y, lo, hi)
+            if bg is not None:
+                y += bg.random_raw((hi - lo + 3) // 4).view(np.uint16)[:hi - lo]
+            y += plus
+            np.copyto(t, y, casting="unsafe")      # truncation = floor for y >= 0
+            if bg is not None:
+                t >>= 16
+            np.clip(t, 0, top, out=t)
+            np.copyto(out[lo:hi], t, casting="unsafe")
+    in_parts(m.blocks(n), part)
     return out
+
+
+#: Below this many elements the blocked loops run on the calling thread only.
+PARALLEL_MIN = 1 << 20
+_POOL = None
+
+
+def in_parts(blocks: list, fn) -> None:
+    """fn(contiguous run of blocks) for torch.get_num_threads() runs at once (NumPy releases the
+    GIL in its loops); the result does not depend on the number of runs (each block's work and
+    random draws follow from its position alone)."""
+    global _POOL
+    k = min(torch.get_num_threads(), len(blocks))
+    if k <= 1 or blocks[-1][1] < PARALLEL_MIN:
+        fn(blocks)
+        return
+    if _POOL is None or _POOL._max_workers < k:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL = ThreadPoolExecutor(max_workers=k, thread_name_prefix="quantize")
+    cut = [round(i * len(blocks) / k) for i in range(k + 1)]
+    for f in [_POOL.submit(fn, blocks[cut[i]:cut[i + 1]]) for i in range(k)]:
+        f.result()
 
 
 class QuantPayload:
@@ -344,20 +373,23 @@ class Quantizer(Compressor):
         out = np.empty(n, dtype=np.float32)
         per = 8 // self.bits
         lut = code_table(self.bits, np.float32, self.offset)   # byte -> its codes minus the offset
-        for lo, hi in st.blocks(n):
-            y = out[lo:hi]
-            nb, b0 = (hi - lo) // per, lo // per          # whole bytes; blocks start on a byte
-            if per == 1:                                  # 8 bits: a cast (faster than the table)
-                np.copyto(y, p.codes[lo:hi], casting="unsafe")
-                if self.offset:
-                    y -= np.float32(self.offset)
-            else:
-                np.take(lut, p.codes[b0:b0 + nb], axis=0, out=y[:nb * per].reshape(nb, per))
-            if nb * per < hi - lo:
-                y[nb * per:] = lut[p.codes[b0 + nb]][:hi - lo - nb * per]
-            st.apply(np.multiply, y, lo, hi)
-            if bs is not None:
-                bs.apply(np.add, y, lo, hi)
+
+        def part(blocks):
+            for lo, hi in blocks:
+                y = out[lo:hi]
+                nb, b0 = (hi - lo) // per, lo // per          # whole bytes; blocks start on a byte
+                if per == 1:                                  # 8 bits: a cast (faster than the table)
+                    np.copyto(y, p.codes[lo:hi], casting="unsafe")
+                    if self.offset:
+                        y -= np.float32(self.offset)
+                else:
+                    np.take(lut, p.codes[b0:b0 + nb], axis=0, out=y[:nb * per].reshape(nb, per))
+                if nb * per < hi - lo:
+                    y[nb * per:] = lut[p.codes[b0 + nb]][:hi - lo - nb * per]
+                st.apply(np.multiply, y, lo, hi)
+                if bs is not None:
+                    bs.apply(np.add, y, lo, hi)
+        in_parts(st.blocks(n), part)
         return torch.from_numpy(out).to(device=p.device, dtype=p.dtype)
 
     @abstractmethod

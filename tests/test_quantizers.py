@@ -267,3 +267,23 @@ def test_fixed_cf_and_setting():
     assert EFSignSGD.fixed_cf(EFSignSGDCfg(name="efsignsgd")) == 32
     assert Quant.fixed_cf(QuantCfg(name="quant", bits=4, bucket=1024)) == pytest.approx(32 / (4 + 64 / 1024))
     assert Quant.setting(QuantCfg(name="quant", bits=4)) == "4-bit, bucket 1024"
+
+
+@pytest.mark.parametrize("name,opts", [("qsgd", {}), ("terngrad", {}), ("quant", {"bits": 4, "rounding": "stochastic"}),
+                                       ("efsignsgd", {})])
+def test_codes_do_not_depend_on_threads(monkeypatch, name, opts):
+    """The blocked loops run in contiguous parts on several threads; each block's work and dither
+    follow from its position alone, so 1, 2 or 3 parts give the same bytes (and layer layouts too)."""
+    import compressors.packed as packed
+    monkeypatch.setattr(packed, "BLOCK", 64)
+    monkeypatch.setattr(packed, "PARALLEL_MIN", 0)
+    x = heavy(5003, 8)
+    out = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
+        for comp in (build_compressor(name, **opts), build_compressor(name, layer_sizes=[1000, 3, 4000], **opts)):
+            p = comp.compress(x, 1, seed=3)
+            out.append((p.to_bytes(), p.dense()))
+    for i in (0, 1):
+        for b, d in out[i + 2::2]:
+            assert torch.equal(b, out[i][0]) and torch.equal(d, out[i][1])
