@@ -110,7 +110,8 @@ class Spread:
     """One value per group, read per element over a block [lo, hi) of the flat tensor.
 
     One group: a scalar. Groups of one length L: blocks are cut at multiples of L and the values
-    broadcast over a (groups, L) view. Otherwise the values are repeated per element once."""
+    broadcast over a (groups, L) view. Otherwise the values of the groups meeting the block are
+    repeated per element (a block-sized temporary)."""
 
     def __init__(self, vals: np.ndarray, lens: np.ndarray, n: int) -> None:
         self.vals = vals
@@ -120,7 +121,8 @@ class Spread:
         elif (lens[:-1] == L).all() and int(lens[-1]) <= L:
             self.kind, self.L = "uniform", L       # the last group may be shorter
         else:
-            self.kind, self.L, self.full = "repeat", 1, np.repeat(vals, lens)
+            self.kind, self.L = "repeat", 1
+            self.bounds = np.concatenate([[0], np.cumsum(lens)])
 
     def blocks(self, n: int):
         """Block bounds (lo, hi), about BLOCK elements each, multiples of 8 (whole bytes of codes)
@@ -133,8 +135,11 @@ class Spread:
         """y = ufunc(y, value) in place, y being the block [lo, hi)."""
         if self.kind == "one":
             ufunc(y, self.vals[0], out=y)
-        elif self.kind == "repeat":
-            ufunc(y, self.full[lo:hi], out=y)
+        elif self.kind == "repeat":                   # the groups meeting [lo, hi), repeated
+            g0 = int(np.searchsorted(self.bounds, lo, side="right")) - 1
+            g1 = int(np.searchsorted(self.bounds, hi, side="left"))
+            b = np.clip(self.bounds[g0:g1 + 1], lo, hi)
+            ufunc(y, np.repeat(self.vals[g0:g1], np.diff(b)), out=y)
         else:
             g0, L = lo // self.L, self.L
             full = (hi - lo) // L
