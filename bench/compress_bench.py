@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from compressors import COMPRESSORS, Compressor, build_compressor, target_k  # noqa: E402
+from compressors.packed import Quantizer  # noqa: E402
 from gravac.results import atomic_write  # noqa: E402
 
 SIZES = {"resnet101": 44_549_160, "vgg16": 138_357_544, "lstm": 66_034_000}
@@ -207,7 +208,7 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
 
 def is_quantizer(name: str) -> bool:
     """A quantizer's CF is fixed by its code width: timed once, without multi-level rows."""
-    return bool(COMPRESSORS[name].extra.get("quantizer")) if name in COMPRESSORS else False
+    return name in COMPRESSORS and issubclass(COMPRESSORS[name].target, Quantizer)
 
 
 def fmt(v, spec: str) -> str:

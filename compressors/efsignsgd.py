@@ -25,7 +25,7 @@ class EFSignSGDCfg(CompressorCfg):
     bucket: int = option(0, check=lambda v: int(v) == v and v >= 0, valid="an integer >= 0 (0: one scale per tensor)")
 
 
-@COMPRESSORS.register("efsignsgd", EFSignSGDCfg, label="EF-SignSGD", order=7, quantizer=True,
+@COMPRESSORS.register("efsignsgd", EFSignSGDCfg, label="EF-SignSGD", order=7,
                       doc="EF-SignSGD: sign x mean|g| per tensor, 1 bit per element, error feedback")
 class EFSignSGD(Quantizer):
     """Scaled sign: 1-bit codes (1: +, 0: -), one float32 mean |x| per tensor or bucket."""

@@ -33,7 +33,7 @@ class QSGDCfg(CompressorCfg):
     bucket: int = option(512, check=lambda v: int(v) == v and v >= 0, valid="an integer >= 0 (0: one norm per tensor)")
 
 
-@COMPRESSORS.register("qsgd", QSGDCfg, label="QSGD", order=5, quantizer=True,
+@COMPRESSORS.register("qsgd", QSGDCfg, label="QSGD", order=5,
                       doc="QSGD: s levels, stochastic rounding, an L2 norm per bucket (unbiased)")
 class QSGD(Quantizer):
     """QSGD with s = ``levels`` and one float32 norm per ``bucket`` elements (see module docstring)."""

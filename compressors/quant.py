@@ -28,7 +28,7 @@ class QuantCfg(CompressorCfg):
     rounding: str = option("nearest", choices=("nearest", "stochastic"))
 
 
-@COMPRESSORS.register("quant", QuantCfg, label="Min-max quant", order=8, quantizer=True,
+@COMPRESSORS.register("quant", QuantCfg, label="Min-max quant", order=8,
                       doc="bucketed min-max quantization to 8, 4 or 2 bits (CGX/Bagua style)")
 class Quant(Quantizer):
     """Min-max quantization: ``bits``-bit codes, a float32 (min, step) per ``bucket`` elements."""

@@ -26,7 +26,7 @@ class TernGradCfg(CompressorCfg):
     bucket: int = option(0, check=lambda v: int(v) == v and v >= 0, valid="an integer >= 0 (0: one scale per tensor)")
 
 
-@COMPRESSORS.register("terngrad", TernGradCfg, label="TernGrad", order=6, quantizer=True,
+@COMPRESSORS.register("terngrad", TernGradCfg, label="TernGrad", order=6,
                       doc="TernGrad: stochastic ternary {-1,0,1} x max|g| per tensor (unbiased)")
 class TernGrad(Quantizer):
     """TernGrad: 2-bit ternary codes, one float32 max-abs scale per tensor or bucket."""
