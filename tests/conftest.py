@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,13 @@ def model_cfg(name: str, **values):
 
 def dataset_cfg(name: str, **values):
     return plugin_cfg("dataset", name, **values)
+
+
+def ctrl_c_reaches(*_) -> None:
+    """Popen's preexec_fn for a run a test stops with SIGINT: the child takes Ctrl-C as a terminal's
+    does even when pytest itself was started in the background (`cmd &` in a script starts it with
+    SIGINT ignored, the child inherits that, and Python then never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(args: list[str], timeout: float = 600, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:

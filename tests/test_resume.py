@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, run_cli, run_cli_many
+from conftest import ROOT, ctrl_c_reaches, run_cli, run_cli_many
 
 ARGS = ["train.steps=24", "train.eval_every=8", "train.checkpoint_every=4", "logger.progress=false",
         "dataset.image_size=8", "dataset.train_size=512", "dataset.test_size=128", "model.width=4",
@@ -39,7 +39,8 @@ def _only_run(root: Path) -> Path:
 def _popen(args: list[str], session: bool = False) -> subprocess.Popen:
     """`session`: its own process group, so os.killpg can send what a terminal's Ctrl-C sends."""
     return subprocess.Popen([sys.executable, str(ROOT / "bench" / "run.py"), *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=session)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=session,
+                            preexec_fn=ctrl_c_reaches)
 
 
 def _wait_for_steps(root: Path, n: int, proc: subprocess.Popen, timeout: float = 240) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, ctrl_c_reaches, run_cli
 
 TINY = ["dataset=synthetic", "dataset.image_size=8", "dataset.train_size=256", "dataset.test_size=64", "model.width=4",
         "cluster.workers=2", "train.batch_size=8", "logger.progress=false"]
@@ -372,7 +372,8 @@ def test_joblib_sweep_of_ddp_jobs_spawns_their_workers(tmp_path):
 
 def _popen_sweep(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(ROOT / "bench" / "run.py"), *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=ctrl_c_reaches)
 
 
 @pytest.mark.slow
