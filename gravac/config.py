@@ -205,6 +205,16 @@ def _check(run: RunConfig) -> None:
     if method_class(m.name).needs_compressor and c.name == NO_COMPRESSOR:
         usable = registries()["compressor"].names()
         raise ConfigError(f"method={m.name} needs a compressor; set compressor= one of: {', '.join(usable)}")
+    comps = registries()["compressor"]
+    if c.name in comps and comps[c.name].target.fixed_cf(c) is not None:     # a quantizer
+        sparsifiers = ", ".join(n for n in comps.names() if comps[n].target.fixed_cf(comps[n].config(name=n)) is None)
+        if method_class(m.name).needs_compressor and not method_class(m.name).takes_fixed_cf:
+            raise ConfigError(f"method={m.name} chooses compression factors, and compressor={c.name} has none to "
+                              f"choose (a quantizer's CF is fixed by its code width): use method=static or "
+                              f"method=mergecomp with it, or a sparsifier ({sparsifiers})")
+        if getattr(m, "probe_cfs", None):
+            raise ConfigError(f"method.probe_cfs needs multi-level compression, which compressor={c.name} (a "
+                              f"quantizer) cannot do: leave method.probe_cfs empty, or use a sparsifier ({sparsifiers})")
     task = registries()["model"][run.model.name].extra["task"]
     data_task = registries()["dataset"][run.dataset.name].extra["task"]
     if task != data_task:

@@ -291,3 +291,20 @@ def test_codes_do_not_depend_on_threads(monkeypatch, name, opts):
     for i in (0, 1):
         for b, d in out[i + 2::2]:
             assert torch.equal(b, out[i][0]) and torch.equal(d, out[i][1])
+
+
+def test_methods_that_choose_cfs_refuse_quantizers_and_static_names_them():
+    from conftest import make_run
+    from gravac.methods.static import Static
+    for method in ("gravac", "accordion"):
+        with pytest.raises(ConfigError, match=rf"^method={method} chooses compression factors, and compressor=qsgd "
+                                              r"has none to choose .*: use method=static or method=mergecomp"):
+            make_run(method=dict(name=method), compressor=dict(name="qsgd"))
+    with pytest.raises(ConfigError, match=r"^method.probe_cfs needs multi-level compression"):
+        make_run(method=dict(name="static", probe_cfs=[20]), compressor=dict(name="terngrad"))
+    run = make_run(method=dict(name="static"), compressor=dict(name="quant", bits=4))
+    assert Static.label(run.method, run.compressor) == "Min-max quant 4-bit, bucket 1024"
+    assert Static.cf_text(run.method, run.compressor) == "7.88x"
+    assert Static.ignores(run.method, run.compressor) == ["compressor.cf"]
+    topk = make_run(method=dict(name="static"), compressor=dict(name="topk", cf=10))
+    assert Static.label(topk.method, topk.compressor) == "Top-k 10x" and Static.ignores(topk.method, topk.compressor) == []

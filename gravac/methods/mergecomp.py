@@ -78,6 +78,8 @@ from gravac.methods.base import (
     RunStats,
     StepContext,
     StepResult,
+    compressor_text,
+    fixed_cf,
     raise_diverged,
 )
 from gravac.schema import MethodCfg
@@ -174,6 +176,8 @@ def greedy(n: int, y: int, cost) -> tuple[list[int], dict[tuple, float]]:
 
 def payload_messages(net, world: int, p: Payload) -> list[float]:
     """Modelled seconds of the messages Group.aggregate sends for payload p."""
+    if getattr(p, "packed", False):          # a quantizer's bytes, all-gathered (no count)
+        return [net.allgather(p.wire_bytes(), world)]
     es = p.values.element_size()
     if p.indices is None:
         return [net.allreduce(p.numel * es, world)]
@@ -210,6 +214,7 @@ class MergeComp(CompressingMethod):
     """Groups of consecutive tensors in backward order, compressed and sent one by one (docstring)."""
     name = "mergecomp"
     order = 8
+    takes_fixed_cf = True        # a quantizer per group: its payloads are all-gathered and decoded
 
     def __init__(self, cfg: MergeCompCfg, compressor, env):
         super().__init__(cfg, compressor, env)
@@ -466,7 +471,7 @@ class MergeComp(CompressingMethod):
     # --- what a configuration means ---------------------------------------------------------------
     @classmethod
     def label(cls, cfg: MergeCompCfg, comp) -> str:
-        base = f"{COMPRESSORS[comp.name].label} {comp.cf:g}x" if comp.name in COMPRESSORS else comp.name
+        base = compressor_text(comp) if comp.name in COMPRESSORS else comp.name
         if cfg.search == "none":
             what = {0: "layer-wise", 1: "whole-model"}.get(cfg.groups, f"{cfg.groups} groups")
             return f"MergeComp {base}, {what}"
@@ -474,14 +479,15 @@ class MergeComp(CompressingMethod):
 
     @classmethod
     def cf_text(cls, cfg, comp) -> str:
-        return f"{comp.cf:g}x"
+        fixed = fixed_cf(comp)
+        return f"{fixed:.3g}x" if fixed else f"{comp.cf:g}x"
 
     @classmethod
     def ignores(cls, cfg, comp):
-        keys = ["compressor.granularity"]
+        keys = ["compressor.granularity"] + (["compressor.cf"] if fixed_cf(comp) else [])
         return keys + (["method.warmup", "method.probe_steps", "method.search_step", "method.max_candidates"]
                        if cfg.search == "none" else [])
 
     @classmethod
     def sort_values(cls, cfg, comp):
-        return [comp.cf, SEARCHES.index(cfg.search), cfg.groups]
+        return [fixed_cf(comp) or comp.cf, SEARCHES.index(cfg.search), cfg.groups]
