@@ -30,9 +30,10 @@ returns a Future of the averaged bucket. Per bucket (keyed by `bucket.index()`) 
 a compressor and an error-feedback memory (compressors/), built afresh when the bucket's layout
 changes (DDP rebuilds its buckets after the first iteration); `bucket.is_last()` ends a step.
 Dense and shared-index payloads are all-reduced, other sparse payloads go through the padded
-all-gather of gravac.comm (counts first; never an empty buffer), and the average is formed the
-way the Method does it (gravac.comm.sparse_mean), so a bucket's result equals the static Method's
-on that bucket bit for bit. Every collective is issued by the hook itself, in bucket order,
+all-gather of gravac.comm (counts first; never an empty buffer), quantized (packed) payloads
+through an all-gather of their bytes (one size on every rank), and the average is formed the way
+the Method does it (gravac.comm.sparse_mean, packed_mean), so a bucket's result equals the static
+Method's on that bucket bit for bit. Every collective is issued by the hook itself, in bucket order,
 and only decoding is chained as a Future callback.
 
 Differences from the in-loop methods (bench/run.py), and why:
@@ -85,7 +86,7 @@ from compressors import COMPRESSORS, COUNT_BYTES, ErrorFeedback, Payload, from_c
 from compressors.base import mix_seed
 from compressors.registry import option
 from gravac.config import checked
-from gravac.comm import pack_sparse, sparse_mean, unpack_sparse
+from gravac.comm import pack_sparse, packed_mean, sparse_mean, unpack_sparse
 from gravac.gains import (
     CodeGain,
     layer_norm_sum,
@@ -222,6 +223,8 @@ class CompressionState:
     def send(self, p: Payload, out: torch.Tensor) -> torch.futures.Future:
         """Start averaging `p` over all ranks; the Future yields `out` holding the mean."""
         self._numel += out.numel()
+        if getattr(p, "packed", False):
+            return self._allgather_packed(p, out)
         if p.indices is None:
             return self._allreduce(p.values, out, lambda mean: out.copy_(mean))
         if p.shared:
@@ -239,6 +242,17 @@ class CompressionState:
         world = self.world
         fut = self.group.allreduce([t]).get_future()
         return fut.then(lambda f: finish(f.value()[0].div_(world)))
+
+    def _allgather_packed(self, p, out: torch.Tensor):
+        """All-gather of a quantized payload's bytes (the same size on every rank: no count, no
+        padding); every rank's payload decoded and averaged as the Method does (packed_mean)."""
+        buf = p.to_bytes()
+        bufs = [torch.empty_like(buf) for _ in range(self.world)]
+        self._floats += p.floats
+        self._wire += buf.numel()
+        world = self.world
+        return self.group.allgather([bufs], [buf]).get_future().then(
+            lambda f: out.copy_(packed_mean(f.value(), p, world)))
 
     def _allgather(self, p: Payload, out: torch.Tensor):
         """Padded all-gather of a sparse payload: counts first (blocking, see the module
@@ -352,7 +366,12 @@ class GraVACState(CompressionState):
         cfg = checked(GraVACCfg, {"name": "gravac", **{k: v for k, v in options.items() if k in method_keys}},
                       "gravac")
         batch_size = checked(HookOptions, {"batch_size": batch_size}, type(self).__name__).batch_size
-        super().__init__(process_group, compressor_cfg(compressor, **comp_opts), seed=seed, momentum=momentum)
+        comp_cfg = compressor_cfg(compressor, **comp_opts)
+        if COMPRESSORS[compressor].target.fixed_cf(comp_cfg) is not None:
+            raise ValueError(f"GraVAC chooses compression factors, and compressor={compressor!r} has none to choose "
+                             "(a quantizer's CF is fixed by its code width): use SparseState for it, or a sparsifier "
+                             "(topk, dgc, redsync, randomk)")
+        super().__init__(process_group, comp_cfg, seed=seed, momentum=momentum)
         self.cfg, self.batch_size = cfg, batch_size
         self.code = cfg.gain == "code"
         self.ctl = controller_for(cfg, self.world)
