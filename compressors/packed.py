@@ -229,17 +229,23 @@ def in_parts(blocks: list, fn) -> None:
     """fn(contiguous run of blocks) for torch.get_num_threads() runs at once (NumPy releases the
     GIL in its loops); the result does not depend on the number of runs (each block's work and
     random draws follow from its position alone)."""
-    global _POOL
-    k = min(torch.get_num_threads(), len(blocks))
+    k = min(torch.get_num_threads(), len(blocks), 8)
     if k <= 1 or blocks[-1][1] < PARALLEL_MIN:
         fn(blocks)
         return
+    pool = _pool(k)
+    cut = [round(i * len(blocks) / k) for i in range(k + 1)]
+    for f in [pool.submit(fn, blocks[cut[i]:cut[i + 1]]) for i in range(k)]:
+        f.result()
+
+
+def _pool(k: int):
+    """The module's thread pool, with at least k threads."""
+    global _POOL
     if _POOL is None or _POOL._max_workers < k:
         from concurrent.futures import ThreadPoolExecutor
         _POOL = ThreadPoolExecutor(max_workers=k, thread_name_prefix="quantize")
-    cut = [round(i * len(blocks) / k) for i in range(k + 1)]
-    for f in [_POOL.submit(fn, blocks[cut[i]:cut[i + 1]]) for i in range(k)]:
-        f.result()
+    return _POOL
 
 
 class QuantPayload:
@@ -419,25 +425,50 @@ class Quantizer(Compressor):
                          "sparsifier: topk, dgc, redsync, randomk)")
 
 
+def by_rows(fn, g: np.ndarray, exact_combine=None) -> np.ndarray:
+    """fn(g) for a (groups, L) array, one result per row, on torch.get_num_threads() threads.
+
+    Row ranges go to the threads: each row is reduced whole by one call, so the result does not
+    depend on the split. One long row is split into column ranges only when ``exact_combine``
+    (np.maximum, np.minimum: exact in any order) joins the parts; sums are never split."""
+    k = min(torch.get_num_threads(), 8)
+    if k <= 1 or g.size < PARALLEL_MIN:
+        return fn(g)
+    pool = _pool(k)
+    rows, cols = g.shape
+    if rows >= k:
+        cut = [round(i * rows / k) for i in range(k + 1)]
+        return np.concatenate(list(pool.map(lambda i: fn(g[cut[i]:cut[i + 1]]), range(k))))
+    if exact_combine is None:
+        return fn(g)
+    cut = [round(i * cols / k) for i in range(k + 1)]
+    return exact_combine.reduce(np.stack(list(pool.map(lambda i: fn(g[:, cut[i]:cut[i + 1]]), range(k)))), axis=0)
+
+
+def group_min_max(a: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-group (min, max) of a (float32), threaded where the groups allow (see by_rows)."""
+    g = grouped(a, lens)
+    if g.ndim == 2:
+        return (by_rows(lambda v: v.min(axis=1), g, np.minimum), by_rows(lambda v: v.max(axis=1), g, np.maximum))
+    return group_reduce(np.minimum, a, lens), group_reduce(np.maximum, a, lens)
+
+
 def group_scale(a: np.ndarray, lens: np.ndarray, kind: str) -> np.ndarray:
     """Per-group float64 L2 norm ('l2'), max |a| ('max') or mean |a| ('mean') of float32 a."""
     g = grouped(a, lens)
     if kind == "l2":
         if g.ndim == 2 and g.shape[1] <= 1 << 16:   # float32 sums of short rows: accurate enough
-            out = np.sqrt(np.einsum("ij,ij->i", g, g).astype(np.float64))
+            out = np.sqrt(by_rows(lambda v: np.einsum("ij,ij->i", v, v), g).astype(np.float64))
         elif g.ndim == 2:
             out = np.sqrt(np.einsum("ij,ij->i", g, g, dtype=np.float64))
         else:
             out = np.sqrt(group_reduce(np.add, np.square(a, dtype=np.float64), lens))
         return out
     if kind == "max":
-        if g.ndim == 2:
-            hi, lo = g.max(axis=1), g.min(axis=1)
-        else:
-            hi, lo = group_reduce(np.maximum, a, lens), group_reduce(np.minimum, a, lens)
+        lo, hi = group_min_max(a, lens)
         return np.maximum(hi.astype(np.float64), -lo.astype(np.float64))
     if kind == "mean":
-        s = np.abs(g).sum(axis=1, dtype=np.float64) if g.ndim == 2 else \
+        s = by_rows(lambda v: np.abs(v).sum(axis=1, dtype=np.float64), g) if g.ndim == 2 else \
             group_reduce(np.add, np.abs(a).astype(np.float64), lens)
         return s / lens
     raise ValueError(kind)

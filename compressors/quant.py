@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import COMPRESSORS, CompressorCfg
-from .packed import Quantizer, finite, finite, affine_codes, cf_option, group_reduce, grouped
+from .packed import Quantizer, affine_codes, cf_option, finite, group_min_max
 from .registry import option
 
 
@@ -53,11 +53,7 @@ class Quant(Quantizer):
         return 2
 
     def _encode(self, a, lens, seed, check):
-        g = grouped(a, lens)
-        if g.ndim == 2:
-            lo, hi = g.min(axis=1), g.max(axis=1)
-        else:
-            lo, hi = group_reduce(np.minimum, a, lens), group_reduce(np.maximum, a, lens)
+        lo, hi = group_min_max(a, lens)
         top = (1 << self.bits) - 1
         lo = finite(lo.astype(np.float32), check)
         step = finite(((hi.astype(np.float64) - lo) / top).astype(np.float32), check)
