@@ -54,24 +54,20 @@ import torch  # noqa: E402
 from compressors import ErrorFeedback, Payload, target_k  # noqa: E402
 from compressors.arrays import above, native  # noqa: E402
 from compressors.topk import topk_select  # noqa: E402
-from gravac.comm import SimGroup  # noqa: E402
+from gravac.cluster.comm import SimGroup  # noqa: E402
 from gravac.methods import StepContext, build_method  # noqa: E402
 from gravac.methods.exdyna import select  # noqa: E402
-from gravac.netmodel import NetworkModel  # noqa: E402
-from gravac.results import atomic_write  # noqa: E402
+from gravac.cluster.netmodel import NetworkModel  # noqa: E402
+from gravac.core.io import atomic_write  # noqa: E402
+from plots.buildup import METHODS, figure, tracking_figure
 
 HOLD_LO, HOLD_HI = 0.9, 1.1                         # settling criterion on union / K (held)
-METHODS = ("topk", "topk_split", "topk_shared", "micro", "exdyna")
-LABELS = {"topk": "Top-k, k = K per worker", "topk_split": "Top-k, k = K/N per worker",
-          "topk_shared": "Top-k, rank 0's indices", "micro": "MiCRO", "exdyna": "ExDyna"}
-
-
 def family_config(experiment: str, workers: int, extra: list[str] | None = None):
     """The experiment's RunConfig with `workers` simulated workers, composed as bench/run.py does."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from gravac.config import build_config, register_base
+    from gravac.config.compose import build_config, register_base
     register_base()
     overrides = [f"experiment={experiment}", f"cluster.workers={workers}", *(extra or [])]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -83,7 +79,7 @@ def gradient_pool(experiment: str, pool: int, warmup: int, seed: int):
     """(d, network model, `pool` real per-worker gradients after `warmup` dense SGD steps)."""
     from gravac.data import load_dataset
     from gravac.models import build_model
-    from gravac.workers import Workers
+    from gravac.loop.workers import Workers
     cfg = family_config(experiment, pool)
     torch.manual_seed(seed)
     ds = load_dataset(cfg.dataset)
@@ -126,7 +122,7 @@ class SharedTopK:
 
 def build(name: str, group: SimGroup, sizes: list[int], cf: float, k: int):
     """The study's method `name` on `group` (module docstring)."""
-    from gravac.config import build_config
+    from gravac.config.compose import build_config
     numel, n = sum(sizes), group.world
     if name == "topk_shared":
         return SharedTopK(group, numel, k)
@@ -256,58 +252,6 @@ def summarise(rows: list[dict]) -> list[dict]:
                     **mean, "union_over_k_min": min(ratios), "union_over_k_max": max(ratios),
                     **{c: sel[0][c] for c in ("settle_steps", "settled", "settle_window")}})
     return out
-
-
-def figure(summary: list[dict], out: Path) -> None:
-    """buildup.png: union / K, bytes sent and received per worker, modelled communication against N, per family."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fams = sorted({r["family"] for r in summary})
-    cols = [("union_over_k", "union / K"), ("wire_bytes", "bytes sent per worker"),
-            ("recv_bytes", "bytes received per worker"), ("comm_model_s", "modelled comm s / step")]
-    fig, axes = plt.subplots(len(fams), len(cols), figsize=(4 * len(cols), 3 * len(fams)), squeeze=False)
-    for i, fam in enumerate(fams):
-        for j, (col, title) in enumerate(cols):
-            ax = axes[i][j]
-            for m in METHODS:
-                pts = sorted((r["workers"], r[col]) for r in summary if r["family"] == fam and r["method"] == m)
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=LABELS[m])
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("workers N")
-            ax.set_title(f"{fam}: {title}", fontsize=9)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "buildup.png", dpi=110)
-    plt.close(fig)
-
-
-def tracking_figure(tracking: list[dict], out: Path) -> None:
-    """tracking.png: density and imbalance of MiCRO and ExDyna over the tracking steps."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fams = sorted({r["family"] for r in tracking})
-    fig, axes = plt.subplots(len(fams), 2, figsize=(10, 3 * len(fams)), squeeze=False)
-    for i, fam in enumerate(fams):
-        for m in ("micro", "exdyna"):
-            sel = [r for r in tracking if r["family"] == fam and r["method"] == m]
-            if not sel:
-                continue
-            axes[i][0].plot([r["step"] for r in sel], [r["density"] for r in sel], label=LABELS[m])
-            axes[i][1].plot([r["step"] for r in sel], [r["imbalance"] for r in sel], label=LABELS[m])
-            axes[i][0].axhline(sel[0]["density_target"], color="gray", ls="--", lw=0.8)
-        axes[i][0].set_title(f"{fam}: global density (dashed: asked)", fontsize=9)
-        axes[i][1].set_title(f"{fam}: load imbalance max_k·N/K − 1", fontsize=9)
-        axes[i][0].set_yscale("log")
-        for ax in axes[i]:
-            ax.set_xlabel("step")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "tracking.png", dpi=110)
-    plt.close(fig)
 
 
 def parse_args(argv):

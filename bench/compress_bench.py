@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 from compressors import COMPRESSORS, Compressor, build_compressor, target_k  # noqa: E402
 from compressors.packed import Quantizer  # noqa: E402
-from gravac.results import atomic_write  # noqa: E402
+from gravac.core.io import atomic_write  # noqa: E402
 
 SIZES = {"resnet101": 44_549_160, "vgg16": 138_357_544, "lstm": 66_034_000}
 QUICK_NUMEL = 1_000_000
@@ -245,7 +245,7 @@ def print_tables(rows: list[dict], threads: int, lo: float, hi: float) -> None:
 
 
 def write_csv(rows: list[dict], out: Path) -> None:
-    """Write rows atomically (gravac.results.atomic_write)."""
+    """Write rows atomically (gravac.loop.results.atomic_write)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 def _setup(args):
     """The run config (model, data, GraVAC options), the dataset and this arm's fresh model."""
-    from gravac.config import base_node, build_config
+    from gravac.config.compose import base_node, build_config
     from gravac.data import load_dataset
     node = base_node()
     node["dataset"].update(name="synthetic", image_size=args.image_size, root="./data")
@@ -76,9 +76,9 @@ def _loop_arm(rank: int, world: int, cfg, ds, args) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from gravac.comm import DistGroup
+    from gravac.cluster.comm import DistGroup
     from gravac.methods import StepContext, build_method
-    from gravac.netmodel import NetworkModel
+    from gravac.cluster.netmodel import NetworkModel
     model = _model(cfg, ds)
     params = list(model.parameters())
     method = build_method(cfg, DistGroup(NetworkModel.from_cfg(cfg.network), torch.device("cpu")),

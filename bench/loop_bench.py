@@ -3,7 +3,7 @@
 1. ddp: our dense loop (bench/run.py cluster=ddp, 2 processes) against a minimal hand-written
    loop using torch's DistributedDataParallel with the same model, data, batch and backend.
 2. sim: our simulated cluster with N virtual workers against N x the step of one worker.
-3. hooks (`--part hooks`): DistributedDataParallel with this project's comm hooks (gravac/hooks.py:
+3. hooks (`--part hooks`): DistributedDataParallel with this project's comm hooks (gravac/hooks/hooks.py:
    Top-k 100x with error feedback, GraVAC) against torch's `allreduce_hook` and PowerSGD hook
    (rank 1, compressing from the 3rd step), 2 gloo processes, one model and data; the hooks take
    turns round by round in the same processes, so machine noise hits all alike. The whole model
@@ -52,7 +52,7 @@ def _ddp_setup(rank: int, world: int, init: str, args):
     import torch
     import torch.distributed as dist
 
-    from gravac.config import base_node, build_config
+    from gravac.config.compose import base_node, build_config
     from gravac.data import load_dataset
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))

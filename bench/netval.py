@@ -44,8 +44,8 @@ def worker(a) -> None:
     import torch.distributed as dist
 
     from compressors import COUNT_BYTES, Payload
-    from gravac.comm import DistGroup
-    from gravac.netmodel import NetworkModel
+    from gravac.cluster.comm import DistGroup
+    from gravac.cluster.netmodel import NetworkModel
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://{a.master}:{PORT}", rank=a.rank, world_size=a.world)
     net = NetworkModel(alpha_s=(a.delay_ms * 1e3 + BASE_LATENCY_US) * 1e-6, beta_Bps=a.rate_mbit * 1e6 / 8)
@@ -78,7 +78,7 @@ def worker(a) -> None:
             med = statistics.median(times)
             rows.append({"kind": kind, "bytes": nbytes, "reps": reps, "measured_s": med, "predicted_s": predicted,
                          "ratio": med / predicted, "measured_min_s": min(times), "measured_max_s": max(times),
-                         "detail": "gloo via gravac.comm.DistGroup"})
+                         "detail": "gloo via gravac.cluster.comm.DistGroup"})
     if a.rank == 0:
         Path(a.json).write_text(json.dumps(rows))
     group.barrier()
@@ -87,16 +87,16 @@ def worker(a) -> None:
 
 # --- inside a namespace: one rank of real torch DDP (overlapping buckets) ------------------------
 def ddp_worker(a) -> None:
-    """Time real DDP steps of a mini model, and predict them with gravac.timeline from the same
+    """Time real DDP steps of a mini model, and predict them with gravac.cluster.timeline from the same
     process's profile (measured without communication): serial and overlapped."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from gravac.models.registry import MODELS, build_model
-    from gravac.netmodel import NetworkModel
-    from gravac.profile import measure_profile
-    from gravac.timeline import Piece, buckets, schedule
+    from gravac.cluster.netmodel import NetworkModel
+    from gravac.cluster.profile import measure_profile
+    from gravac.cluster.timeline import Piece, buckets, schedule
     torch.set_num_threads(1)
     torch.manual_seed(0)
     dist.init_process_group("gloo", init_method=f"tcp://{a.master}:{PORT}", rank=a.rank, world_size=a.world)
@@ -263,7 +263,7 @@ def kept_rows(args, out: Path) -> list[dict]:
 def write_csv(rows: list[dict], path: Path) -> None:
     import io
 
-    from gravac.results import atomic_write
+    from gravac.core.io import atomic_write
     buf = io.StringIO()
     w = csv.DictWriter(buf, FIELDS, lineterminator="\n")
     w.writeheader()

@@ -38,7 +38,7 @@ from plots import paper  # noqa: E402
 from plots.labels import fmt_metric, fmt_num  # noqa: E402
 from plots.load import Run, find_runs, load_run  # noqa: E402
 from plots.output import OutputError, make_folder  # noqa: E402
-from plots.settings import Context, build_contexts, relevant_settings  # noqa: E402
+from plots.settings import Context, build_contexts, merged_note, relevant_settings  # noqa: E402
 from plots.merit import LAST_K, against_baselines, baselines, last_k_mean, merit, verdict_texts  # noqa: E402
 from plots.stats import CI_SENTENCE, VERDICT_SENTENCE, estimate  # noqa: E402
 from plots.tables import ratio, ratio_cell  # noqa: E402
@@ -199,6 +199,7 @@ def summary_table(exp: str, ctx: Context, k: int = LAST_K) -> str:
     target = fmt_metric(ctx.target, ctx.metric) if ctx.target is not None else "none"
     head = summary_header(ctx, k)
     lines = [f"### {exp} (metric {ctx.metric}, target {target})", "",
+             *([f"Note: {merged_note(ctx)}.", ""] if ctx.merged_keys else []),
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in ctx.groups:
         m, t = merits[g], merits[g].to

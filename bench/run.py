@@ -1,6 +1,6 @@
 """Run one benchmark job (or a sweep with -m): `python bench/run.py [group=option] [key=value]`.
 
-Hydra composes conf/; gravac.config turns the result into a checked RunConfig; gravac.launch
+Hydra composes conf/; gravac.config.compose turns the result into a checked RunConfig; gravac.run.launch
 starts the workers (simulated in-process, spawned torch.distributed processes, or torchrun's).
 """
 import os
@@ -11,23 +11,17 @@ sys.path.insert(0, ROOT)  # run from a plain checkout too, not only after `pip i
 
 import hydra  # noqa: E402
 
-from compressors.registry import PluginError  # noqa: E402
-from gravac import sweep  # noqa: E402
-from gravac.config import (  # noqa: E402
-    ConfigError,
-    check_composition,
-    check_overrides,
-    expand_seeds,
-    help_text,
-    register_base,
-)
-from gravac.registry import registries  # noqa: E402
+from gravac.core.registry import PluginError  # noqa: E402
+from gravac.run import sweep  # noqa: E402
+from gravac.config.cli import check_composition, check_overrides, help_text  # noqa: E402
+from gravac.config.compose import ConfigError, expand_seeds, register_base  # noqa: E402
+from gravac.config.plugins import registries  # noqa: E402
 
 CONF_DIR = os.path.join(ROOT, "conf")
 # jobs started elsewhere (joblib workers, SLURM jobs) find gravac and the sweeper plug-in too
 os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
 
-# the task function lives in gravac.sweep: jobs in other processes import it from there
+# the task function lives in gravac.run.sweep: jobs in other processes import it from there
 main = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(sweep.job)
 
 

@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from .arrays import NONFINITE, native, native_like, to_tensor
-from .registry import Registry, option
+from gravac.core.registry import Registry
+from gravac.core.schema import CompressorCfg
 
 #: Bytes for the element count sent in front of a sparse payload.
 COUNT_BYTES = 8
@@ -117,17 +118,14 @@ def generator(seed: int, *salt: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(mix_seed(seed, *salt))
 
 
-@dataclass
-class CompressorCfg:
-    """Options every compressor has; a compressor's own options subclass this (see registry.py)."""
-    name: str = "none"
-    cf: float = option(100.0, check=lambda v: v >= 1, valid=">= 1 (CF = dense size / sent size)")
-    granularity: str = option("layer", choices=("layer", "flat"))   # per parameter tensor | one flat tensor
-    error_feedback: bool = True
+@dataclass(frozen=True)
+class CompressorSpec:
+    """What a compressor registers beside its config: `order`, its place in tables and legends."""
+    order: int = 9
 
 
 #: Every compressor, by name: its class and its config dataclass (see registry.py).
-COMPRESSORS = Registry("compressor", CompressorCfg)
+COMPRESSORS = Registry("compressor", CompressorCfg, spec=CompressorSpec, package="compressors")
 #: compressor.name of a run that compresses nothing (method=dense): not a registered compressor.
 NO_COMPRESSOR = "none"
 

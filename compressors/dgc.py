@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .arrays import above, kth_largest, ops, sample_abs, top_positions
 from .base import COMPRESSORS, Compressor, CompressorCfg, generator
-from .registry import option
+from gravac.core.registry import option
 from .topk import keep_top, topk_select
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from .base import COMPRESSORS, CompressorCfg
 from .packed import Quantizer, finite, cf_option, group_scale
-from .registry import option
+from gravac.core.registry import option
 
 
 @dataclass

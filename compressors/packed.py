@@ -40,7 +40,7 @@ from torch import Tensor
 
 from .arrays import NONFINITE
 from .base import Compressor, CompressorCfg, generator, validate
-from .registry import option
+from gravac.core.registry import option
 
 #: Unused value of compressor.cf for quantizers: the base config's default (cf is not set).
 CF_UNSET = {f.name: f.default for f in fields(CompressorCfg)}["cf"]

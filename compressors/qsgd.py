@@ -15,7 +15,7 @@ import numpy as np
 
 from .base import COMPRESSORS, CompressorCfg
 from .packed import Quantizer, finite, affine_codes, cf_option, group_scale, safe_inverse
-from .registry import option
+from gravac.core.registry import option
 
 
 def qsgd_bits(levels: int) -> int:

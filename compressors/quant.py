@@ -15,7 +15,7 @@ import numpy as np
 
 from .base import COMPRESSORS, CompressorCfg
 from .packed import Quantizer, affine_codes, cf_option, finite, group_min_max
-from .registry import option
+from gravac.core.registry import option
 
 
 @dataclass

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from .arrays import above, kth_largest, ops, sample_abs
 from .base import COMPRESSORS, Compressor, CompressorCfg, generator
-from .registry import option
+from gravac.core.registry import option
 from .topk import keep_top, topk_select
 
 

@@ -20,7 +20,7 @@ import sys
 from plots.labels import fmt_delta, fmt_num
 from plots.load import find_runs, load_runs, skipped_lines
 from plots.merit import LAST_K, Merit, merit, verdicts
-from plots.settings import Context, Group, build_contexts
+from plots.settings import Context, Group, build_contexts, merged_note
 
 COLUMNS = ["context", "setting", "n", "final", "last_k_mean", "floats_per_worker", "floats_vs_baseline",
            "wire_MB_per_worker", "reached", "steps_to_target", "model_s_to_target", "wall_s_to_target",
@@ -85,6 +85,8 @@ def print_table(ctx: Context, rows: list[dict], k: int) -> None:
           "baseline's modelled seconds to target / this setting's, below 1 is slower)")
     if ctx.target_note:
         print(f"note: {ctx.target_note}")
+    if ctx.merged_keys:
+        print(f"note: {merged_note(ctx)}")
     heads = {"final": f"final {ctx.metric}", "last_k_mean": f"last-{k} mean",
              "metric_vs_baseline": f"last-{k} vs baseline", "model_s_to_target": "modelled s to target"}
     cols = [c for c in COLUMNS if c != "context"]

@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gravac.results import atomic_write  # noqa: E402
+from gravac.core.io import atomic_write  # noqa: E402
 from plots.load import find_runs, load_run  # noqa: E402
 
 ROWS = [("gain", "probe_gain", "paper gain  Σ‖C(g)‖² / Σ‖g‖²"),

@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gravac.results import atomic_write  # noqa: E402
+from gravac.core.io import atomic_write  # noqa: E402
 
 PANELS = [("allreduce", "all-reduce"), ("allgather", "sparse all-gather (padded)"),
           ("step", "whole steps: cluster=ddp (serial), torch DDP (overlap)")]

@@ -13,7 +13,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from gravac.results import atomic_write
+from gravac.core.io import atomic_write
 
 
 def csv_text(rows: list[dict], columns: list[str]) -> str:

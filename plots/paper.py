@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # run as `python plots/paper.py`: make the repo i
 
 from plots import bench, figures, scaling, tables  # noqa: E402
 from plots.load import find_runs, load_runs, skipped_lines  # noqa: E402
-from plots.settings import Context, build_contexts  # noqa: E402
+from plots.settings import Context, build_contexts, merged_note  # noqa: E402
 from plots.output import OutputError, Outputs  # noqa: E402
 
 CONVENTIONS = """
@@ -247,6 +247,8 @@ def main(argv=None) -> int:
               + ", ".join(f"{g.label}" + (f" x{g.n}" if g.n > 1 else "") for g in ctx.groups))
         if ctx.target_note:
             print(f"  note: {ctx.target_note}")
+        if ctx.merged_keys:
+            print(f"  note: {merged_note(ctx)}")
     incomplete = [(_rel(r.path), r.problems) for r in runs if r.problems]
     if incomplete:
         print("incomplete runs (used for what they contain):")

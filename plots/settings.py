@@ -77,6 +77,7 @@ class Context:
     groups: list[Group] = field(default_factory=list)
     target: float | None = None
     target_note: str = ""
+    merged_keys: dict[str, Any] = field(default_factory=dict)   # options only newer runs record (see build_contexts)
 
     @property
     def title(self) -> str:
@@ -124,19 +125,18 @@ def build_contexts(runs: list[Run], target: float | None = None) -> list[Context
     """Group runs into settings and settings into contexts; label groups; pick each context's target.
 
     The target is `target` when given (for an accuracy metric a value above 1 is read as a
-    percentage), else the most common configured target among the context's runs.
+    percentage), else the most common configured target among the context's runs. Runs written
+    before an option existed join the replicas that record it with one value (`merged_keys`).
     """
     ctxs: dict[tuple, Context] = {}
+    by_ctx: dict[tuple, list[Run]] = {}
     for run in runs:
-        key = (run.model, run.dataset, run.metric, run.workers, str(run.network.get("name", "?")))
+        by_ctx.setdefault((run.model, run.dataset, run.metric, run.workers, str(run.network.get("name", "?"))), []).append(run)
+    for key, members in by_ctx.items():
         ctx = ctxs.setdefault(key, Context(*key))
-        settings = relevant_settings(run)
-        for g in ctx.groups:
-            if g.settings == settings:
-                g.runs.append(run)
-                break
-        else:
-            ctx.groups.append(Group(runs=[run], settings=settings))
+        settings, ctx.merged_keys = _settings_across_versions(members)
+        for run, setting in zip(members, settings):
+            _add_to_group(ctx, run, setting)
     out = list(ctxs.values())
     for ctx in out:
         assign_labels(ctx.groups)
@@ -146,6 +146,38 @@ def build_contexts(runs: list[Run], target: float | None = None) -> list[Context
         _pick_target(ctx, target)
     out.sort(key=lambda c: (c.model, c.dataset, c.workers or 0, c.network))
     return out
+
+
+def merged_note(ctx: Context) -> str:
+    """One sentence on the options `build_contexts` merged across code versions, or ""."""
+    if not ctx.merged_keys:
+        return ""
+    what = ", ".join(f"{k}={v}" for k, v in ctx.merged_keys.items())
+    return f"runs written before these options existed count as {what} (their value in every run that records them)"
+
+
+def _add_to_group(ctx: Context, run: Run, settings: dict[str, Any]) -> None:
+    for g in ctx.groups:
+        if g.settings == settings:
+            g.runs.append(run)
+            return
+    ctx.groups.append(Group(runs=[run], settings=settings))
+
+
+def _settings_across_versions(runs: list[Run]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each run's relevant settings, where an option that only newer runs record (added to the code
+    after the older runs were written) does not split replicas: a key missing from some runs of a
+    context and set to one value in all the others is dropped, and returned with that value. The
+    older code behaved as that value when adding an option keeps the old behaviour as its default
+    (this project's rule); runs that vary the option are still split by it."""
+    settings = [relevant_settings(r) for r in runs]
+    with_config = [s for s, r in zip(settings, runs) if r.has_config]
+    merged = {}
+    for k in sorted(set().union(*(s.keys() for s in with_config))) if with_config else []:
+        values = {s[k] for s in with_config if k in s}
+        if len(values) == 1 and any(k not in s for s in with_config):
+            merged[k] = next(iter(values))
+    return [{k: v for k, v in s.items() if k not in merged} for s in settings], merged
 
 
 def _pick_target(ctx: Context, override: float | None) -> None:

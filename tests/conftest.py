@@ -16,7 +16,7 @@ CONF = ROOT / "conf"
 def compose(overrides: list[str] | None = None):
     """The composed DictConfig for `overrides`, exactly as bench/run.py would see it."""
     from hydra import compose as hydra_compose, initialize_config_dir
-    from gravac.config import register_base
+    from gravac.config.compose import register_base
     register_base()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=overrides or [])
@@ -24,15 +24,15 @@ def compose(overrides: list[str] | None = None):
 
 def make_run(**sections):
     """A checked RunConfig from plain per-section values, e.g. make_run(method=dict(name="gravac"))."""
-    from gravac.config import build_config
+    from gravac.config.compose import build_config
     return build_config(sections)
 
 
 def plugin_cfg(kind: str, name: str, **values):
     """The registered config class of plug-in `name` filled with `values`, unchecked (so tests of
     the builders' own errors still reach them); an unknown name gets the kind's base class."""
-    from gravac.registry import registries
-    from gravac.schema import SECTIONS
+    from gravac.config.plugins import registries
+    from gravac.core.schema import SECTIONS
     reg = registries()[kind]
     cls = reg[name].config if name in reg else SECTIONS[kind]
     return cls(name=name, **values)

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from gravac.comm import SimGroup
+from gravac.cluster.comm import SimGroup
 from gravac.methods import StepContext, build_method
 from gravac.methods.accordion import regimes
-from gravac.netmodel import NetworkModel
+from gravac.cluster.netmodel import NetworkModel
 from conftest import make_run
 
 SIZES = [400, 300, 300]

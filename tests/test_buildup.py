@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from bench.buildup import held, run_method, summarise
-from gravac.netmodel import NetworkModel
+from gravac.cluster.netmodel import NetworkModel
 
 D, N, CF = 2000, 4, 50                     # K = 40
 _gen = torch.Generator().manual_seed(0)

@@ -115,10 +115,10 @@ def test_calibrating_a_stateful_compensation_leaves_the_memory_as_it_was(setting
     on a machine would differ from the later ones)."""
     import torch
 
-    from gravac.comm import SimGroup
+    from gravac.cluster.comm import SimGroup
     from gravac.methods import StepContext, build_method
-    from gravac.netmodel import NetworkModel
-    from gravac.profile import OpCosts
+    from gravac.cluster.netmodel import NetworkModel
+    from gravac.cluster.opcosts import OpCosts
     from conftest import make_run
 
     cfg = make_run(**setting, train=dict(momentum=0.9))
@@ -139,7 +139,7 @@ def test_calibrating_a_stateful_compensation_leaves_the_memory_as_it_was(setting
 def _calibrate_in_child(cache: str, value: float, out: str) -> None:
     """One process of a parallel sweep meeting an uncached profile: its measurement takes 0.5 s
     and reads `value` (a differently loaded machine)."""
-    from gravac.profile import load_or_measure_profile
+    from gravac.cluster.profile import load_or_measure_profile
 
     def measure():
         time.sleep(0.5)
@@ -168,9 +168,9 @@ def test_runs_started_together_share_one_profile_calibration(tmp_path):
 def test_a_concurrently_calibrated_cost_adopts_the_first_stored_value(tmp_path):
     """Two runs that calibrate the same compression operation at once: the one storing second
     adopts the stored number, so the cache and both runs agree."""
-    from gravac.comm import SimGroup
-    from gravac.netmodel import NetworkModel
-    from gravac.profile import OpCosts
+    from gravac.cluster.comm import SimGroup
+    from gravac.cluster.netmodel import NetworkModel
+    from gravac.cluster.opcosts import OpCosts
 
     group = SimGroup(2, NetworkModel(alpha_s=1e-5, beta_Bps=1e9))
     first = OpCosts(group, tmp_path, "m", repeats=1)

@@ -9,8 +9,8 @@ import torch
 import torch.multiprocessing as mp
 
 from compressors import Payload
-from gravac.comm import COUNT_BYTES, DistGroup, SimGroup
-from gravac.netmodel import NetworkModel
+from gravac.cluster.comm import COUNT_BYTES, DistGroup, SimGroup
+from gravac.cluster.netmodel import NetworkModel
 
 NET = NetworkModel(alpha_s=1e-5, beta_Bps=1e9)
 

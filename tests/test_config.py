@@ -6,7 +6,7 @@ import os
 import pytest
 
 from conftest import CONF, compose, run_cli, run_cli_many
-from gravac.config import ConfigError, build_config
+from gravac.config.compose import ConfigError, build_config
 
 
 def _options(group: str) -> list[str]:
@@ -156,13 +156,13 @@ def test_dense_ignores_a_compressor_so_grids_work():
 
 def builtins(kind: str) -> list:
     """The library's own registered plug-ins of a kind (test modules may register toys)."""
-    from gravac.registry import registries
+    from gravac.config.plugins import registries
     return [e for e in registries()[kind].entries() if e.target.__module__.startswith(("compressors", "gravac"))]
 
 
 def test_every_registered_plugin_has_a_yaml_and_every_yaml_a_plugin():
     """The registries and conf/ agree: a built-in is one module plus one YAML, nothing more."""
-    from gravac.schema import PLUGGABLE
+    from gravac.core.schema import PLUGGABLE
     for kind in PLUGGABLE:
         names = {e.name for e in builtins(kind)} | ({"none"} if kind == "compressor" else set())
         assert set(_options(kind)) == names, kind
@@ -172,7 +172,7 @@ def test_help_comes_from_the_registries():
     """--help lists every plug-in with its description and options, from the registries."""
     r = run_cli(["--help"], timeout=120)
     assert r.returncode == 0
-    from gravac.schema import PLUGGABLE
+    from gravac.core.schema import PLUGGABLE
     for kind in PLUGGABLE:
         for e in builtins(kind):
             assert f"    {e.name:13} {e.doc}" in r.stdout, (kind, e.name)
@@ -235,8 +235,8 @@ def test_a_sweep_with_a_bad_job_ends_with_the_failed_jobs_line(tmp_path):
 def test_a_name_too_long_for_the_filesystem_says_so(tmp_path):
     """Past the config check (a filesystem with names shorter than 255 bytes, or a long
     results_root component), the folder's name is named as the problem, not its permissions."""
-    from gravac.errors import UserError
-    from gravac.results import make_run_dir
+    from gravac.core.errors import UserError
+    from gravac.loop.results import make_run_dir
     with pytest.raises(UserError) as e:
         make_run_dir(str(tmp_path / ("r" * 300)), "default", "", "tag")
     assert "too long for this filesystem; shorten experiment.name (or experiment.results_root)" in str(e.value)
@@ -257,7 +257,7 @@ def _seed_of(run) -> int:
 
 
 def test_expand_seeds_rewrites_only_its_own_argument():
-    from gravac.config import expand_seeds
+    from gravac.config.compose import expand_seeds
     assert expand_seeds(["method=dense"]) == ["method=dense"]
     assert expand_seeds(["experiment.seeds=3", "arm=topk10,dense"]) == ["-m", "arm=topk10,dense", "train.seed=0,1,2"]
     assert expand_seeds(["-m", "experiment.seeds=1"]) == ["-m", "train.seed=0"]

@@ -1,4 +1,4 @@
-"""COVAP (gravac/methods/covap.py, gravac/covap_hook.py): hand-computed shard layouts, the rotating
+"""COVAP (gravac/methods/covap.py, gravac/hooks/covap_hook.py): hand-computed shard layouts, the rotating
 filter, floats sent, the error-feedback schedule and its conservation, the overlap timeline of its
 pieces, config errors, and the DDP hook on 2 gloo ranks against a by-hand replay."""
 from __future__ import annotations
@@ -7,13 +7,13 @@ import pytest
 import torch
 from conftest import gloo_ranks, make_run, run_cli
 
-from gravac.comm import SimGroup
-from gravac.config import ConfigError
+from gravac.cluster.comm import SimGroup
+from gravac.config.compose import ConfigError
 from gravac.methods import StepContext
 from gravac.methods.base import METHODS, MethodEnv
 from gravac.methods.covap import ef_factor, kept_shards, median_size, shard_counts
-from gravac.netmodel import NetworkModel
-from gravac.timeline import schedule
+from gravac.cluster.netmodel import NetworkModel
+from gravac.cluster.timeline import schedule
 from plots.load import Run
 
 NET = NetworkModel(alpha_s=1e-3, beta_Bps=1e4)
@@ -193,7 +193,7 @@ def test_overlap_rate_by_hand():
     on another (1.0 s), so the mean exposed is 1.5 / R. tol 0.2 s: the smallest R with 1.5 / R <= 0.2
     is 8; with max_rate 5 none is, and the shortest mean step (1 + 1.5 / R) is R = 5."""
     from gravac.methods.covap import overlap_rate
-    from gravac.profile import DeviceProfile
+    from gravac.cluster.profile import DeviceProfile
     prof = DeviceProfile(forward_s=0.0, backward_s=1.0, ready_s=[0.5, 1.0], optimizer_s=0.0, source="given")
     plan = dict(numels=[100, 100], groups=[[0], [1]], profile=prof, message=lambda e: e * 0.01, compute_s=1.0)
     assert overlap_rate(**plan, max_rate=64, tol=0.2) == 8
@@ -216,7 +216,7 @@ def test_overlap_profiles_step_zero_then_plans_r_on_the_timeline():
 
 
 def test_overlap_needs_the_network_model():
-    from gravac.errors import UserError
+    from gravac.core.errors import UserError
     cfg = make_run(method=dict(name="covap", drop_rate="overlap"), compressor=dict(name="none"))
     env = MethodEnv(SimGroup(2, NET), list(SIZES), torch.device("cpu"), buckets=BUCKETS, modelled_time=False)
     with pytest.raises(UserError, match="drop_rate=overlap plans R on the network model"):
@@ -267,7 +267,7 @@ def test_cli_config_error_is_one_line():
 def test_hook_errors_are_one_line():
     from test_hooks import solo_group
 
-    from gravac.covap_hook import CovapState
+    from gravac.hooks.covap_hook import CovapState
     for kw, text in [(dict(drop_rate="auto"), "needs bench/run.py's clock"),
                      (dict(drop_rate="overlap"), "drop_rate='overlap' needs bench/run.py's clock"),
                      (dict(drop_rate=0), "covap.drop_rate=0 is out of range"),
@@ -285,7 +285,7 @@ def _hook_work(rank: int):
     import torch.nn.parallel as par
     from test_hooks import _train
 
-    from gravac.covap_hook import CovapState, covap_hook
+    from gravac.hooks.covap_hook import CovapState, covap_hook
     orig = par.DistributedDataParallel
     par.DistributedDataParallel = lambda model, **kw: orig(model, bucket_cap_mb=0.0003)
     try:

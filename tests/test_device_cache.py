@@ -40,9 +40,9 @@ class Workers:
 
 def build(cache: Path, layers: int = 2, workers: Workers | None = None, **clock):
     """Clock.build of a run on `cache`; (clock, workers, printed lines)."""
-    from gravac.clock import Clock
-    from gravac.comm import SimGroup
-    from gravac.netmodel import NetworkModel
+    from gravac.cluster.clock import Clock
+    from gravac.cluster.comm import SimGroup
+    from gravac.cluster.netmodel import NetworkModel
     cfg = make_run(clock=dict(cache_dir=str(cache), repeats=1, **clock))
     workers = workers or Workers(layers)
     lines: list[str] = []
@@ -52,7 +52,7 @@ def build(cache: Path, layers: int = 2, workers: Workers | None = None, **clock)
 
 def refused(cache: Path, layers: int = 2, **clock) -> str:
     """The one line Clock.build refuses with."""
-    from gravac.errors import UserError
+    from gravac.core.errors import UserError
     with pytest.raises(UserError) as e:
         build(cache, layers, **clock)
     assert "\n" not in str(e.value)
@@ -113,7 +113,7 @@ def test_a_damaged_profile_in_this_hosts_cache_is_measured_again(tmp_path, damag
     clock, workers, lines = build(tmp_path, 6)
     assert workers.calls == 1 and clock.profile.source == "calibrated"
     assert any(f"devices.json {WHY[damage]}: measuring it again" in line for line in lines), lines
-    from gravac.profile import profile_problem
+    from gravac.cluster.profile import profile_problem
     assert profile_problem(first(json.loads((tmp_path / "devices.json").read_text())), 6) is None   # replaced
     assert all(0 < r <= clock.profile.backward_s for r in clock.profile.ready_s)
 
@@ -134,10 +134,10 @@ def test_a_damaged_profile_of_a_named_device_is_refused_in_one_line(tmp_path, da
                                         (-24.8, "is -24.8, not a finite number >= 0"),
                                         ("0.1", 'is "0.1", not a number'), ([0.1], "is [0.1], not a number")])
 def test_a_damaged_op_cost_is_measured_again_here_and_refused_on_a_named_device(tmp_path, value, why):
-    from gravac.comm import SimGroup
-    from gravac.errors import UserError
-    from gravac.netmodel import NetworkModel
-    from gravac.profile import OpCosts
+    from gravac.cluster.comm import SimGroup
+    from gravac.core.errors import UserError
+    from gravac.cluster.netmodel import NetworkModel
+    from gravac.cluster.opcosts import OpCosts
     group = SimGroup(2, NetworkModel(alpha_s=1e-5, beta_Bps=1e9))
     for named in (False, True):
         cache = tmp_path / str(named)
@@ -215,7 +215,7 @@ def test_extending_a_named_device_adds_what_it_lacks_and_says_so(tmp_path):
 
 
 def test_a_named_device_lacking_an_op_cost_refuses_it_in_one_line(tmp_path):
-    from gravac.errors import UserError
+    from gravac.core.errors import UserError
     cache = device(tmp_path)
     clock, _, _ = build(cache, machine="ref")
     with pytest.raises(UserError) as e:
@@ -227,7 +227,7 @@ def test_a_named_device_lacking_an_op_cost_refuses_it_in_one_line(tmp_path):
 
 
 def test_extend_machine_needs_a_machine_name():
-    from gravac.config import ConfigError
+    from gravac.config.compose import ConfigError
     with pytest.raises(ConfigError, match=r"^clock.extend_machine=true adds to a named device: set clock.machine"):
         make_run(clock=dict(extend_machine=True))
 
@@ -266,7 +266,7 @@ def test_an_unreadable_file_of_a_named_device_is_one_line(tmp_path, name, text, 
 def test_a_read_only_cache_says_the_profile_was_not_cached(tmp_path, monkeypatch):
     def refuse(path, data):
         raise OSError(errno.EROFS, "Read-only file system")
-    monkeypatch.setattr("gravac.profile.atomic_write", refuse)
+    monkeypatch.setattr("gravac.cluster.profile.atomic_write", refuse)
     clock, _, lines = build(tmp_path)
     (line,) = [line for line in lines if line.startswith("device profile measured")]
     assert line.endswith(f"(not cached: cannot write {tmp_path / 'devices.json'}: Read-only file system)"), line
@@ -280,7 +280,7 @@ def test_a_read_only_cache_says_the_profile_was_not_cached(tmp_path, monkeypatch
 
 def test_a_parameter_backward_never_reaches_is_ready_when_backward_ends():
     """An unused parameter's ready offset was minus the clock's reading (a negative entry)."""
-    from gravac.profile import measure_profile
+    from gravac.cluster.profile import measure_profile
     used, unused = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
 
     def step(mark):
@@ -293,7 +293,7 @@ def test_a_parameter_backward_never_reaches_is_ready_when_backward_ends():
 
 def test_a_named_devices_file_damaged_meanwhile_is_left_as_it_is(tmp_path):
     """An addition never replaces a named device's unreadable file with the one new entry."""
-    from gravac.profile import JsonCache
+    from gravac.cluster.profile import JsonCache
     path = tmp_path / "ops.json"
     path.write_text("{}")
     store = JsonCache(path, keep_damaged=True)
@@ -311,8 +311,8 @@ def test_a_run_refused_an_op_cost_can_resume_extending_the_device(tmp_path):
 
     import yaml
 
-    from gravac.config import saved_config
-    from gravac.launch import check_resume
+    from gravac.config.compose import saved_config
+    from gravac.run.launch import check_resume
     run = tmp_path / "run"
     (run / "checkpoint").mkdir(parents=True)
     (run / "checkpoint" / "latest").write_text("step-00000002\n")

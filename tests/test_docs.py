@@ -136,7 +136,7 @@ def runs(tmp_path_factory):
     Methods other test modules register in this process (test_plugins' toy) are left out: the
     subprocess run here does not load them, and the docs describe the project's own methods.
     """
-    from gravac.registry import registries
+    from gravac.config.plugins import registries
     methods = registries()["method"]
     names = [n for n in methods if methods[n].target.__module__.startswith("gravac.")]
     roots = [tmp_path_factory.mktemp(name) for name in names]

@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from gravac.comm import SimGroup
-from gravac.config import saved_config
+from gravac.cluster.comm import SimGroup
+from gravac.config.compose import saved_config
 from gravac.methods import StepContext, build_method
 from gravac.methods.exdyna import block_layout, equal_split, first_threshold, rebalance, scale_threshold
-from gravac.netmodel import NetworkModel
+from gravac.cluster.netmodel import NetworkModel
 from conftest import make_run
 
 NET = NetworkModel(alpha_s=1e-5, beta_Bps=1e9)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import make_run, run_cli
-from gravac.comm import SimGroup
+from gravac.cluster.comm import SimGroup
 from gravac.methods import RunStats, build_method
-from gravac.netmodel import NetworkModel
+from gravac.cluster.netmodel import NetworkModel
 
 N = 1000                      # gradient elements
 

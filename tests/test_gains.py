@@ -8,10 +8,10 @@ import torch
 
 from compressors import Payload
 from conftest import make_run
-from gravac.comm import SimGroup
-from gravac.gains import CodeGain, SlidingEWMA, layer_norm_sum, payload_layer_norm_sum, segment_bounds
+from gravac.cluster.comm import SimGroup
+from gravac.methods.gains import CodeGain, SlidingEWMA, layer_norm_sum, payload_layer_norm_sum, segment_bounds
 from gravac.methods import StepContext, build_method
-from gravac.netmodel import NetworkModel
+from gravac.cluster.netmodel import NetworkModel
 
 BOUNDS = segment_bounds([2, 3])                  # layers [0, 2) and [2, 5)
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from gravac.comm import SimGroup
+from gravac.cluster.comm import SimGroup
 from gravac.methods import StepContext, build_method
 from gravac.methods.gravac import GraVACController
-from gravac.netmodel import NetworkModel
+from gravac.cluster.netmodel import NetworkModel
 from conftest import make_run
-from gravac.schema import RunConfig
+from gravac.core.schema import RunConfig
 
 
 def ctl(**kw) -> GraVACController:

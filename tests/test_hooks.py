@@ -1,4 +1,4 @@
-"""DDP comm hooks (gravac/hooks.py): hand-computed sparse steps, GraVAC's one-step lag against the
+"""DDP comm hooks (gravac/hooks/hooks.py): hand-computed sparse steps, GraVAC's one-step lag against the
 in-loop method, bucket rebuilds, and (slow) real DDP on 2 gloo processes against the static Method
 at bucket granularity, plus the README's example run as written."""
 from __future__ import annotations
@@ -15,11 +15,11 @@ import torch.distributed as dist
 from conftest import ROOT, gloo_ranks, make_run
 
 from compressors.base import mix_seed
-from gravac.comm import SimGroup
+from gravac.cluster.comm import SimGroup
 from gravac.hooks import GraVACState, SparseState, gravac_hook, sparse_hook
 from gravac.methods import StepContext
 from gravac.methods.base import METHODS, MethodEnv
-from gravac.netmodel import NetworkModel
+from gravac.cluster.netmodel import NetworkModel
 
 
 class FakeBucket:
@@ -93,9 +93,9 @@ def test_state_errors_are_one_line():
 
 
 def test_options_of_the_wrong_type_are_one_line():
-    """Keywords are checked as config is (gravac.config.checked): the option, its value and what
+    """Keywords are checked as config is (gravac.core.check.checked): the option, its value and what
     is valid, in one line; no Python TypeError from deep inside."""
-    from gravac.covap_hook import CovapState
+    from gravac.hooks.covap_hook import CovapState
     g = solo_group()
     cases = [(lambda: SparseState(g, cf="abc"), "compressor.cf='abc' is not a number"),
              (lambda: SparseState(g, seed="x"), "SparseState.seed='x' is not an integer"),
@@ -331,7 +331,7 @@ def _first_step_error(rank: int, state, hook) -> str:
 
 
 def _disagree_work(rank: int) -> dict:
-    from gravac.covap_hook import CovapState, covap_hook
+    from gravac.hooks.covap_hook import CovapState, covap_hook
     out = {"seed": _first_step_error(rank, SparseState(None, compressor="randomk", cf=10, seed=rank), sparse_hook),
            "cf": _first_step_error(rank, SparseState(None, compressor="randomk", cf=[10, 20][rank]), sparse_hook),
            "compressor": _first_step_error(rank, SparseState(None, compressor=["topk", "randomk"][rank]), sparse_hook),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from gravac.netmodel import NetworkModel
+from gravac.cluster.netmodel import NetworkModel
 
 SMALL = ["dataset.image_size=8", "dataset.train_size=512", "dataset.test_size=128", "model.width=4",
          "train.batch_size=8", "train.eval_every=5", "logger.progress=false"]
@@ -189,7 +189,7 @@ def test_multirun_skips_jobs_identical_to_an_earlier_one(tmp_path):
 
 def test_sweep_key_sets_aside_only_what_the_method_ignores():
     from conftest import make_run
-    from gravac.config import sweep_key
+    from gravac.config.compose import sweep_key
 
     def key(method, **comp):
         return sweep_key(make_run(method=dict(name=method), compressor=comp))
@@ -203,8 +203,8 @@ def test_sweep_key_sets_aside_only_what_the_method_ignores():
 def test_lr_schedule_warm_up_then_milestones():
     """Linear warm-up reaches lr at step warmup_steps - 1, then the milestones decay it; a decay is
     flagged only when lr falls (a rising warm-up is not Accordion's 'after a decay')."""
-    from gravac.schema import TrainCfg
-    from gravac.train import lr_at
+    from gravac.core.schema import TrainCfg
+    from gravac.loop.train import lr_at
     t = TrainCfg(lr=0.4, warmup_steps=4, milestones=[6], gamma=0.5)
     assert [lr_at(t, s) for s in range(8)] == [0.1, 0.2, 0.30000000000000004, 0.4, 0.4, 0.4, 0.2, 0.2]
     assert [lr_at(TrainCfg(lr=0.4), s) for s in (0, 5)] == [0.4, 0.4]

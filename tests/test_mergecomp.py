@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import gloo_ranks, make_run, run_cli
 
-from gravac.comm import DistGroup, SimGroup
-from gravac.config import ConfigError
-from gravac.errors import UserError
+from gravac.cluster.comm import DistGroup, SimGroup
+from gravac.config.compose import ConfigError
+from gravac.core.errors import UserError
 from gravac.methods import StepContext, build_method
 from gravac.methods.mergecomp import (
     binary_search,
@@ -17,8 +17,8 @@ from gravac.methods.mergecomp import (
     greedy,
     split_cuts,
 )
-from gravac.netmodel import NetworkModel
-from gravac.timeline import Piece, schedule
+from gravac.cluster.netmodel import NetworkModel
+from gravac.cluster.timeline import Piece, schedule
 
 NET = NetworkModel(alpha_s=1e-5, beta_Bps=1e9)
 SIZES = [30, 50, 20, 40, 60, 10, 25, 35, 45, 15]        # 10 tensors, 330 elements

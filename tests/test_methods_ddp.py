@@ -8,11 +8,11 @@ import traceback
 import pytest
 import torch
 
-from gravac.comm import DistGroup, SimGroup
+from gravac.cluster.comm import DistGroup, SimGroup
 from gravac.methods import StepContext, build_method
-from gravac.netmodel import NetworkModel
+from gravac.cluster.netmodel import NetworkModel
 from conftest import gloo_ranks, make_run
-from gravac.schema import RunConfig
+from gravac.core.schema import RunConfig
 
 WORLD = 2
 SIZES = [500, 300, 200]

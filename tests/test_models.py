@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from gravac.data import load_dataset
 from gravac.models import MODELS, build_model, count_parameters
-from gravac.registry import registries
+from gravac.config.plugins import registries
 from conftest import dataset_cfg, model_cfg
 
 MINI_LSTM = dict(embed_size=32, hidden_size=32, num_layers=2, dropout=0.2)

@@ -96,7 +96,7 @@ def write_run(root: Path, name: str, method: str, compressor: str, cf: float, fl
 
 def setting_of(config: dict) -> dict:
     """The `setting` block bench/run.py writes into config.yaml and summary.json for this config."""
-    from gravac.config import build_config, saved_config
+    from gravac.config.compose import build_config, saved_config
     return saved_config(build_config({k: dict(config[k]) for k in ("method", "compressor")}))["setting"]
 
 
@@ -644,3 +644,28 @@ def test_compare_mistakes_are_one_line(tmp_path, capsys):
     assert main([run, "--baseline", "Nope"]) == 2
     err = capsys.readouterr().err
     assert err == "error: no setting is labelled 'Nope'; settings: Dense\n"
+
+
+def test_an_option_added_later_does_not_split_replicas(tmp_path):
+    """Seed 0 written before `train.warmup_steps` existed, seeds 1-2 after (with its default 0):
+    one setting of 3 replicas, and the merge is reported. Runs that vary the option stay apart."""
+    from plots.load import find_runs, load_run
+    from plots.settings import build_contexts
+    exp = tmp_path / "runs"
+    for seed, warmup in ((0, None), (1, 0), (2, 0), (3, 100)):
+        d = write_run(exp, f"dense-s{seed}", "dense", "none", 100.0, [1000.0] * 10, [.2, .4, .6, .8, .85], 0.5, 0.4,
+                      seed=seed)
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        if warmup is not None:
+            cfg["train"]["warmup_steps"] = warmup
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+    def groups(names):
+        (ctx,) = build_contexts([load_run(str(exp / n)) for n in names])
+        return ctx, sorted(sorted(r.name for r in g.runs) for g in ctx.groups)
+
+    ctx, got = groups(["dense-s0", "dense-s1", "dense-s2"])
+    assert got == [["dense-s0", "dense-s1", "dense-s2"]] and ctx.merged_keys == {"train.warmup_steps": 0}
+    ctx, got = groups(["dense-s0", "dense-s1", "dense-s2", "dense-s3"])    # 0 and 100: a real difference
+    assert got == [["dense-s0"], ["dense-s1", "dense-s2"], ["dense-s3"]] and ctx.merged_keys == {}
+    assert len(find_runs([str(exp)])[0]) == 4

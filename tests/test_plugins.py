@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compressors import COMPRESSORS, Compressor, CompressorCfg, option
+from compressors import COMPRESSORS, Compressor
+from gravac.core import option
+from gravac.core.schema import CompressorCfg, MethodCfg
 from gravac.methods import METHODS, CompressingMethod
-from gravac.schema import MethodCfg
 
 ROOT = Path(__file__).resolve().parents[1]
 

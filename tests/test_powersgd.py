@@ -6,9 +6,9 @@ import torch
 from conftest import make_run
 
 from compressors.lowrank import compresses, orthogonalise
-from gravac.comm import SimGroup
+from gravac.cluster.comm import SimGroup
 from gravac.methods import StepContext, build_method
-from gravac.netmodel import NetworkModel
+from gravac.cluster.netmodel import NetworkModel
 
 W = 2
 
@@ -182,7 +182,7 @@ def _stats(results):
 
 
 def test_accordion_powersgd_refuses_a_critical_rank_below_the_other():
-    from gravac.config import ConfigError
+    from gravac.config.compose import ConfigError
     with pytest.raises(ConfigError, match="rank_critical=1 must be >= method.rank=2"):
         make_run(method={"name": "accordion_powersgd", "rank": 2, "rank_critical": 1})
 

@@ -20,9 +20,9 @@ import torch
 from conftest import gloo_ranks, make_run
 
 from compressors.lowrank import compresses, matrix_shape
-from gravac.comm import SimGroup
+from gravac.cluster.comm import SimGroup
 from gravac.methods import StepContext, build_method
-from gravac.netmodel import NetworkModel
+from gravac.cluster.netmodel import NetworkModel
 
 WORLD, STEPS, START, SEED = 2, 7, 2, 7
 SHAPES = [(8, 6), (8,), (4, 2, 3, 3), (16, 12), (3, 8), (5,)]

@@ -15,7 +15,7 @@ from compressors.packed import QuantPayload, group_lengths, pack, unpack
 from compressors.qsgd import QSGD, QSGDCfg
 from compressors.quant import Quant, QuantCfg
 from compressors.terngrad import TernGrad, TernGradCfg
-from gravac.config import ConfigError, checked
+from gravac.core.check import ConfigError, checked
 
 NAMES = ["qsgd", "terngrad", "efsignsgd", "quant"]
 

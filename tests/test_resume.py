@@ -284,7 +284,7 @@ def test_a_state_that_is_not_plain_is_refused_when_saved(tmp_path):
     the save says which entry, before anything is written."""
     import numpy as np
 
-    from gravac.checkpoint import check_plain
+    from gravac.loop.checkpoint import check_plain
     check_plain({"model": {"w": torch.zeros(2)}, "t": (1, 2.0, None, "x", [True])})
     with pytest.raises(TypeError, match=r"checkpoint state\['method'\]\['ewma'\] is a numpy.float64"):
         check_plain({"method": {"ewma": np.float64(0.5)}})
@@ -334,7 +334,7 @@ def linked_resumes(tmp_path_factory, two_checkpointed_runs):
 def test_a_symlink_out_of_the_run_folder_is_never_written_through(linked_resumes, case):
     """Issue 33 case 2: a link planted in a run folder made the lock overwrite another file with
     its pid, checkpoint rotation delete another folder's contents, the records create a file
-    elsewhere. Every write, rename and delete goes through gravac.results.run_path: the run stops
+    elsewhere. Every write, rename and delete goes through gravac.loop.results.run_path: the run stops
     in one line naming the link, and nothing outside the folder changes."""
     run, outside, before, r = linked_resumes[case]
     assert _tree(outside) == before
@@ -460,7 +460,7 @@ def test_the_resume_command_is_quoted_for_hydra_and_the_shell():
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from gravac.launch import resume_command
+    from gravac.run.launch import resume_command
     parse = OverridesParser.create().parse_override
     for run in ["results/runs/default/20250101-x", "/tmp/my res [1]/résumé-実験/run", "it's", 'say "a,b"', "a\\",
                 "${oc.env:HOME}", "123", "glob(*)"]:
@@ -496,7 +496,7 @@ def test_the_printed_resume_command_pastes_into_a_shell_for_any_folder_name(tmp_
 def _in_process(overrides: list[str]):
     from conftest import compose
 
-    from gravac.config import build_config
+    from gravac.config.compose import build_config
     return build_config(compose(overrides), overrides=overrides)
 
 
@@ -505,9 +505,9 @@ def test_a_second_signal_aborts_saying_at_which_step_and_what_resumes_it(tmp_pat
     """Issue 33: a second Ctrl-C at step 5 said "interrupted before the first step; nothing to
     resume"; one that cut the stop's checkpoint short (torch reports it as a failed write) said
     "cannot write ...; free space or fix permissions" with a free disk."""
-    from gravac import track
-    from gravac.errors import Interrupted
-    from gravac.launch import launch
+    from gravac.loop import track
+    from gravac.core.errors import Interrupted
+    from gravac.run.launch import launch
     overrides = [*[a for a in ARGS if not a.startswith(("train.steps=", "train.checkpoint_every="))],
                  "train.steps=50", "train.checkpoint_every=4", f"experiment.results_root={tmp_path}"]
     armed, real_step, real_save = [], track.Tracker.step, torch.save

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 
 from conftest import compose, run_cli
-from gravac.config import build_config
-from gravac.scale import duration, paper_gap, paper_warning
+from gravac.config.compose import build_config
+from gravac.loop.scale import duration, paper_gap, paper_warning
 
 
 def run_of(overrides: list[str]):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CONF, ROOT, compose
-from gravac.config import build_config
+from gravac.config.compose import build_config
 from plots.load import load_run
 
 sys.path.insert(0, str(ROOT / "bench"))

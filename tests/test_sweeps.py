@@ -29,7 +29,7 @@ class FakeLauncher:
         self.launched: list[list[str]] = []
 
     def launch(self, jobs, initial_job_idx):
-        from gravac.sweep import Outcome
+        from gravac.run.sweep import Outcome
         self.launched += [list(j) for j in jobs]
         return [SimpleNamespace(return_value=Outcome("completed")) for _ in jobs]
 
@@ -37,7 +37,7 @@ class FakeLauncher:
 @pytest.fixture
 def _jobs_here(monkeypatch):
     """Plans of a (fake) joblib launcher record the jobs they would run on this machine."""
-    from gravac.sweep import Outcome, Plan
+    from gravac.run.sweep import Outcome, Plan
 
     def here(plan, jobs):
         plan.launcher.launched += [list(o) for _, o in jobs]
@@ -51,7 +51,7 @@ def _composer():
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from gravac.config import register_base
+    from gravac.config.compose import register_base
     register_base()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         yield lambda overrides: hydra_compose(config_name="config", overrides=overrides)
@@ -60,7 +60,7 @@ def _composer():
 @pytest.fixture
 def _plan(_composer, tmp_path):
     """A Plan over `launcher` for a grid of `total` cells, its sweep folder in tmp_path."""
-    from gravac.sweep import Plan
+    from gravac.run.sweep import Plan
     return lambda launcher, total: Plan(launcher, _composer, str(tmp_path), total=total)
 
 
@@ -86,7 +86,7 @@ def test_plan_skips_duplicates_before_launch_and_gives_parallel_jobs_their_threa
     report = _plan(launcher, total=4).run([batch])
     out = capsys.readouterr().out
     assert "skipped job #1 (compressor=dgc): identical to job #0 (compressor=topk); dense ignores compressor" in out
-    from gravac.sweep import cores
+    from gravac.run.sweep import cores
     sim, ddp = max(1, cores() // 2), max(1, cores() // (2 * 2))    # 2 jobs at a time; ddp: 2 processes each
     assert launcher.launched == [batch[0] + [f"cluster.threads={sim}"], batch[2], batch[3] + [f"cluster.threads={ddp}"]]
     assert f"sweep: 2 jobs at a time on {cores()} cores" in out
@@ -101,7 +101,7 @@ def test_plan_leaves_threads_alone_when_jobs_run_one_at_a_time(_plan):
 
 
 def test_parallel_jobs_follows_n_jobs_and_the_grid():
-    from gravac.sweep import cores, parallel_jobs
+    from gravac.run.sweep import cores, parallel_jobs
     assert parallel_jobs(FakeLauncher(joblib={"n_jobs": 2}), 5) == 2
     assert parallel_jobs(FakeLauncher(joblib={"n_jobs": 4}), 3) == 3        # never more than the jobs
     assert parallel_jobs(FakeLauncher(joblib={"n_jobs": -1}), 64) == min(64, cores())
@@ -117,7 +117,7 @@ def test_a_stopped_sweep_launches_nothing_more(_plan, tmp_path):
     report = plan.run([[["method=dense"]], [["method=gravac", "compressor=topk"]]])
     assert launcher.launched == []
     assert [(n, o.status) for n, _, o in report.jobs] == [(0, "not started"), (1, "not started")]
-    from gravac.sweep import finish
+    from gravac.run.sweep import finish
     assert finish(report) == 130
 
 
@@ -125,7 +125,7 @@ def test_a_launcher_that_fails_fails_its_jobs_in_one_line(_plan, capsys):
     class NoSbatch(FakeLauncher):
         def launch(self, jobs, initial_job_idx):
             raise FileNotFoundError("[Errno 2] No such file or directory: 'sbatch'")
-    from gravac.sweep import finish
+    from gravac.run.sweep import finish
     report = _plan(NoSbatch(), total=1).run([[["method=dense"]]])
     assert finish(report) == 2
     err = capsys.readouterr().err
@@ -134,7 +134,7 @@ def test_a_launcher_that_fails_fails_its_jobs_in_one_line(_plan, capsys):
 
 
 def test_finish_reports_failures_and_stops_once(capsys):
-    from gravac.sweep import Outcome, Report, finish
+    from gravac.run.sweep import Outcome, Report, finish
     ok, bad = Outcome("completed"), Outcome("failed", "train.lr=-1.0 is out of range: must be > 0")
     assert finish(Report(total=2, jobs=[(0, ["a=1"], ok), (1, ["a=2"], ok)])) == 0
     assert finish(Report(total=3, skipped=1, jobs=[(0, ["a=1"], ok), (2, ["a=3"], bad)])) == 2
@@ -174,8 +174,8 @@ def test_a_sweep_started_in_the_folder_of_a_stopped_one_starts_clean(_plan, tmp_
     """Issue 33, case 5: with a fixed hydra.sweep.dir, the stop file a stopped sweep left behind
     stopped every later sweep there before it ran anything. Each sweep has a stop file of its own,
     and says that it starts clean; the stopped sweep's runs are resumed with the commands it printed."""
-    from gravac.checkpoint import request_stop, stop_requested
-    from gravac.sweep import finish
+    from gravac.loop.checkpoint import request_stop, stop_requested
+    from gravac.run.sweep import finish
     _plan(FakeLauncher(), total=1)
     request_stop()                                   # the first sweep was stopped
     (tmp_path / "stop").touch()                      # as the sweeps before this fix left it
@@ -191,8 +191,8 @@ def test_a_sweep_started_in_the_folder_of_a_stopped_one_starts_clean(_plan, tmp_
 
 def test_a_stopped_sweep_names_each_cell_it_did_not_start_and_its_command(_plan, capsys):
     """A stop in the first batch: the second batch's cells are named, each with its command."""
-    from gravac.checkpoint import request_stop
-    from gravac.sweep import Outcome, finish
+    from gravac.loop.checkpoint import request_stop
+    from gravac.run.sweep import Outcome, finish
 
     class Stops(FakeLauncher):
         def launch(self, jobs, initial_job_idx):
@@ -212,7 +212,7 @@ def _job_for_test(num: int, overrides: list[str]):
     """A sweep job for LocalJobs, in a process of its own, as its overrides say. die=FOLDER: make a
     run folder 5 steps in, with a checkpoint at step 4, tell the sweep, and be SIGKILLed (as the
     OOM killer does); outlive=FILE: complete only once the process whose id FILE holds is gone."""
-    from gravac.jobs import Outcome, tell_run_dir     # light: no torch in the job's process
+    from gravac.run.jobs import Outcome, tell_run_dir     # light: no torch in the job's process
     args = dict(o.split("=", 1) for o in overrides)
     if "die" in args:
         run = Path(args["die"])
@@ -247,8 +247,8 @@ def test_a_job_killed_on_this_machine_fails_alone_and_says_so(tmp_path, capsys):
     """Issue 33, case 6: joblib's pool killed every job when one worker was killed. Here the
     killed job fails with its run folder telling the truth (killed, at step 5, resumable from its
     checkpoint), a job running beside it completes after it died, and a job still waiting runs."""
-    from gravac.jobs import LocalJobs
-    from gravac.sweep import Report, finish
+    from gravac.run.jobs import LocalJobs
+    from gravac.run.sweep import Report, finish
     run = tmp_path / "run"
     outcomes = LocalJobs(_job_for_test, 2).run([(0, [f"die={run}"]), (1, [f"outlive={tmp_path / 'pid'}"]),
                                                 (2, ["c=1"])])
@@ -268,14 +268,14 @@ def test_a_job_killed_on_this_machine_fails_alone_and_says_so(tmp_path, capsys):
 def test_a_job_whose_sweep_died_stops_at_its_next_step(tmp_path, monkeypatch):
     """Jobs live in process groups of their own, so nothing reaches them when the sweep's process
     is killed: a job then writes the stop file itself (and checkpoints at its next step)."""
-    from gravac.jobs import stop_if_orphaned
+    from gravac.run.jobs import stop_if_orphaned
     monkeypatch.setenv("GRAVAC_SWEEP_STOP", str(tmp_path / "stop-x"))
     stop_if_orphaned(os.getppid() + 1, every_s=0.01)      # a parent that is not this process's
     assert (tmp_path / "stop-x").exists()
 
 
 def test_the_stop_file_stops_a_training_loop(tmp_path, monkeypatch):
-    from gravac.checkpoint import StopFlag
+    from gravac.loop.checkpoint import StopFlag
     monkeypatch.setenv("GRAVAC_SWEEP_STOP", str(tmp_path / "stop"))
     with StopFlag() as stop:
         assert not stop.requested
@@ -286,8 +286,8 @@ def test_the_stop_file_stops_a_training_loop(tmp_path, monkeypatch):
 def test_a_slurm_task_becomes_a_ddp_rank(monkeypatch):
     from conftest import make_run
 
-    from gravac.errors import UserError
-    from gravac.sweep import slurm_task
+    from gravac.core.errors import UserError
+    from gravac.run.sweep import slurm_task
     _unset_after_test(monkeypatch, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "nodeA")   # one node: no scontrol needed to read it
     for k, v in dict(SLURM_STEP_NUM_TASKS="4", SLURM_PROCID="3", SLURM_LOCALID="1", SLURM_STEP_NUM_NODES="2",
@@ -307,7 +307,7 @@ def test_the_slurm_launcher_config_composes_on_submitit():
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from gravac.config import register_base
+    from gravac.config.compose import register_base
     register_base()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
@@ -320,7 +320,8 @@ def test_the_slurm_launcher_config_composes_on_submitit():
 
 
 def test_an_unknown_launcher_is_one_line_naming_the_launchers():
-    from gravac.config import ConfigError, check_composition, register_base
+    from gravac.config.cli import check_composition
+    from gravac.config.compose import ConfigError, register_base
     register_base()
     with pytest.raises(ConfigError) as e:
         check_composition(["hydra/launcher=nope", "method=dense"], str(ROOT / "conf"))
@@ -359,7 +360,7 @@ def test_joblib_sweep_runs_two_at_a_time_skips_duplicates_and_reports_failures(t
 
 @pytest.mark.slow
 def test_joblib_sweep_of_ddp_jobs_spawns_their_workers(tmp_path):
-    """A job's process (gravac/jobs.py) spawns the ddp workers of its run."""
+    """A job's process (gravac/run/jobs.py) spawns the ddp workers of its run."""
     r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "cluster=ddp", "method=dense,gravac",
                  "compressor=topk", "train.steps=3", *TINY, f"experiment.results_root={tmp_path}"], timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -675,7 +676,7 @@ def test_a_replaced_work_file_is_refused_and_runs_nothing(tmp_path):
     import multiprocessing
     import pickle
 
-    from gravac.jobs import LocalJobs, _child
+    from gravac.run.jobs import LocalJobs, _child
     jobs = LocalJobs(_job_for_test, 1)
     work, marker = tmp_path / "work.pickle", tmp_path / "ran"
     work.write_bytes(pickle.dumps(_Payload(str(marker))))

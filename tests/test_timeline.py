@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from gravac.timeline import Piece, buckets, schedule
+from gravac.cluster.timeline import Piece, buckets, schedule
 
 F, B, OPT = 1.0, 2.0, 0.1
 READY = [2.0, 1.5, 1.0, 0.5]          # offsets from backward's start; parameter 3 is ready first

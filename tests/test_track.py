@@ -8,8 +8,8 @@ from conftest import ROOT, run_cli
 
 
 def test_wandb_not_imported_without_logger():
-    code = ("import sys; from gravac.launch import launch; from gravac.track import Tracker; "
-            "from gravac.schema import LoggerCfg; Tracker(LoggerCfg(), 3, {}, None, enabled=True).close(); "
+    code = ("import sys; from gravac.run.launch import launch; from gravac.loop.track import Tracker; "
+            "from gravac.core.schema import LoggerCfg; Tracker(LoggerCfg(), 3, {}, None, enabled=True).close(); "
             "assert 'wandb' not in sys.modules, 'wandb imported'")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -24,12 +24,12 @@ import numpy as np
 
 from dataclasses import dataclass
 
-from compressors.registry import option
+from gravac.core.registry import option
 from gravac.data.base import ImageDataset
 from gravac.data.files import (DataError, cached_arrays, fingerprint, resolve_cache_dir, resolve_root,
                                undo_new_folders)
 from gravac.data.registry import DATASETS
-from gravac.schema import DatasetCfg
+from gravac.core.schema import DatasetCfg
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)

@@ -23,7 +23,7 @@ try:
 except ImportError:  # Windows: no lock, the atomic rename alone keeps the cache consistent
     fcntl = None  # type: ignore[assignment]
 
-from gravac.errors import UserError
+from gravac.core.errors import UserError
 
 
 class DataError(UserError, ValueError):

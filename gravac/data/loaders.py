@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
-from gravac.errors import UserError
+from gravac.core.errors import UserError
 
 
 def _mix_seed(*parts: int) -> int:

@@ -17,12 +17,12 @@ import numpy as np
 
 from dataclasses import dataclass
 
-from compressors.registry import option
+from gravac.core.registry import option
 from gravac.data.base import LMDataset
 from gravac.data.files import (DataError, cached_arrays, fingerprint, resolve_cache_dir, resolve_root,
                                undo_new_folders)
 from gravac.data.registry import DATASETS
-from gravac.schema import DatasetCfg
+from gravac.core.schema import DatasetCfg
 
 SPLITS = ("train", "valid", "test")
 EOS, UNK = "<eos>", "<unk>"

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 
 from dataclasses import dataclass
 
-from compressors.registry import option
+from gravac.core.registry import option
 from gravac.data.base import ImageDataset
 from gravac.data.files import DataError
 from gravac.data.registry import DATASETS
-from gravac.schema import DatasetCfg
+from gravac.core.schema import DatasetCfg
 
 
 def _smooth(n: int, size: int, res: int, gen: torch.Generator) -> torch.Tensor:

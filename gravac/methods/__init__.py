@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from gravac.methods.base import (METHODS, CompressingMethod, Method, MethodEnv, RunStats, StepContext, StepResult,
-                                 build_method)
+                                 build_method, method_class)
 
-__all__ = ["METHODS", "Method", "CompressingMethod", "MethodEnv", "RunStats", "StepContext", "StepResult", "build_method"]
+__all__ = ["METHODS", "Method", "CompressingMethod", "MethodEnv", "RunStats", "StepContext", "StepResult", "build_method", "method_class"]

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from compressors.registry import option
+from gravac.core.registry import option
 from gravac.methods.base import METHODS, CompressingMethod, RunStats, StepContext, StepResult
-from gravac.schema import MethodCfg
+from gravac.core.schema import MethodCfg
 
 
 @dataclass

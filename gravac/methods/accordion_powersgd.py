@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compressors.registry import option
+from gravac.core.registry import option
 from gravac.methods.accordion import RegimeCfg, Regimes
 from gravac.methods.base import METHODS, RunStats, StepContext, StepResult
 from gravac.methods.powersgd import PowerSGD, PowerSGDCfg

@@ -4,7 +4,8 @@ A Method gets each local worker's flat gradient for the step, decides what to se
 every worker), communicates through the Group and returns the averaged gradient plus the step's
 record (CF, floats sent, wire bytes, timings). `CompressingMethod` holds the compression step,
 written once: compensate (error feedback) -> compress -> aggregate -> update the residuals ->
-StepResult; static, Accordion and GraVAC only choose the CF or level and add record fields.
+StepResult; static, Accordion, GraVAC and MergeComp (per merged group) only choose the CF, level or
+groups and add record fields.
 
 A method plug-in is a Method subclass registered with `@METHODS.register(name, ItsCfg)`, where
 ItsCfg subclasses MethodCfg with the method's options (see CONTRIBUTING.md).
@@ -20,13 +21,13 @@ from typing import Any
 import torch
 
 from compressors import COMPRESSORS, ErrorFeedback, Payload, from_config
-from compressors.registry import Registry
-from gravac.comm import CommStats, Group
-from gravac.profile import OpCosts
-from gravac.schema import CompressorCfg, MethodCfg
-from gravac.timeline import Piece
+from gravac.core.registry import Registry
+from gravac.cluster.comm import CommStats, Group
+from gravac.cluster.opcosts import OpCosts
+from gravac.core.schema import CompressorCfg, MethodCfg
+from gravac.cluster.timeline import Piece
 
-METHODS = Registry("method", MethodCfg)
+METHODS = Registry("method", MethodCfg, package="gravac.methods")
 
 
 @dataclass
@@ -223,7 +224,7 @@ class Method:
         """The run's setting as config.yaml and summary.json state it, so plots need not import the
         library: label, style family, sort order, CF text, compressor label, ignored config keys."""
         registered = comp.name in COMPRESSORS
-        order = [cls.order, COMPRESSORS[comp.name].extra.get("order", 9) if registered else 0, comp.name]
+        order = [cls.order, COMPRESSORS[comp.name].spec.order if registered else 0, comp.name]
         return {"label": cls.label(cfg, comp), "family": cfg.name, "order": order + cls.sort_values(cfg, comp),
                 "cf_text": cls.cf_text(cfg, comp), "ignores": cls.ignores(cfg, comp),
                 "compressor_label": COMPRESSORS[comp.name].label if registered else comp.name}
@@ -235,13 +236,17 @@ class Method:
         return 0
 
 
+def method_class(name: str) -> type["Method"]:
+    """The registered Method class for `name` (built-ins and plug-ins loaded)."""
+    return METHODS.load()[name].target
+
+
 def build_method(run, group: Group, sizes: list[int], device: torch.device, buckets=None,
                  costs: OpCosts | None = None, shapes: list[tuple[int, ...]] | None = None,
                  profile=None) -> Method:
     """The configured method for this group and parameter layout (run: a RunConfig); `shapes`:
     the parameters' shapes (methods that view tensors as matrices need them, PowerSGD)."""
-    from gravac.registry import registries
-    cls = registries()["method"][run.method.name].target
+    cls = method_class(run.method.name)
     net = run.network
     env = MethodEnv(group, sizes, device, run.train.seed, run.train.momentum,
                     modelled_time=net.enabled and net.time_source != "wall", buckets=buckets, costs=costs,
@@ -363,7 +368,7 @@ def _text(v) -> str:
 
 def raise_diverged(err: Exception, step: int, method: str):
     """Turn a compressor's NaN/Inf complaint into the run's one-line divergence error."""
-    from gravac.errors import DivergedError
+    from gravac.core.errors import DivergedError
     if "nan" in str(err).lower() or "inf" in str(err).lower():
         raise DivergedError(f"step {step}: gradient contains NaN/Inf (method={method}); "
                             "lower train.lr or enable train.grad_clip") from None

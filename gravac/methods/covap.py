@@ -23,7 +23,7 @@ Ours, and why:
   An integer `drop_rate` skips the profiling step.
 - `drop_rate=overlap` (ours too): ceil(CCR) does not guarantee overlap (only backward overlaps, and
   a model whose big gradients are ready last, as the LSTM, stays exposed at R = 1). After the same
-  dense step 0, rank 0 plans R on the overlap timeline (gravac/timeline.py: the device profile's
+  dense step 0, rank 0 plans R on the overlap timeline (gravac/cluster/timeline.py: the device profile's
   gradient-ready times and the network model): the smallest R in 1..`max_rate` whose exposed
   communication, averaged over the R steps of a rotation, is at most `overlap_tol` × the step's
   compute (forward + backward); if none is, the R with the shortest mean step. The plan leaves out
@@ -57,11 +57,11 @@ from functools import partial
 import torch
 
 from compressors import option
-from gravac.comm import CommStats
+from gravac.cluster.comm import CommStats
 from gravac.methods.base import METHODS, Method, RunStats, StepContext, StepResult
-from gravac.schema import MethodCfg
-from gravac.timeline import Piece, on_profile
-from gravac.timeline import buckets as ddp_buckets
+from gravac.core.schema import MethodCfg
+from gravac.cluster.timeline import Piece, on_profile
+from gravac.cluster.timeline import buckets as ddp_buckets
 
 ELEMENT_BYTES = 4
 
@@ -188,7 +188,7 @@ class Covap(Method):
         self.residuals = [[torch.zeros(n, device=self.device) for n in self.numels] for _ in self.group.local_ranks]
         self.t, self.ccr, self.rate = 0, None, None
         if cfg.drop_rate == "overlap" and not env.modelled_time:
-            from gravac.errors import UserError
+            from gravac.core.errors import UserError
             raise UserError("method.drop_rate=overlap plans R on the network model, which is off here "
                             "(network.enabled=false); use drop_rate=auto (the measured CCR) or an integer R")
         if cfg.drop_rate not in ("auto", "overlap"):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from gravac.methods.base import METHODS, Method, StepContext, StepResult
-from gravac.timeline import Piece
+from gravac.cluster.timeline import Piece
 
 
 @METHODS.register("dense", doc="all-reduce of the full gradient (the baseline)")

@@ -1,5 +1,8 @@
 """MiCRO and ExDyna: exclusive gradient partitions, a threshold instead of a sort, global density.
 
+This module holds what both share (`Exclusive`, the threshold rules) and ExDyna; MiCRO is
+gravac/methods/micro.py.
+
 Both (Yoon & Oh, MiCRO arXiv 2310.00967, ExDyna arXiv 2402.13781; public code kljp/exdyna,
 cnn-lstm/gradient_reducers.py, MicroReducer and ExDynaReducer) split the flat gradient into N
 partitions; at step t worker r selects only inside partition (t + r) mod N, so the workers'
@@ -59,7 +62,7 @@ import torch
 from compressors import ErrorFeedback, Payload, option, target_k
 from compressors.arrays import above, native
 from gravac.methods.base import METHODS, Method, RunStats, StepContext, StepResult, raise_diverged
-from gravac.schema import MethodCfg
+from gravac.core.schema import MethodCfg
 
 UP_FAST, UP_SLOW, DOWN = 1.005, 1.00125, 0.995     # threshold factors of the code
 EXAM_HIGH, EXAM_LOW = 1.1, 0.909                     # K_prev/k bands of the code
@@ -148,7 +151,7 @@ class Exclusive(Method):
 
     def __init__(self, cfg, compressor, env):
         super().__init__(cfg, compressor, env)
-        from gravac.errors import UserError
+        from gravac.core.errors import UserError
         if self.numel < self.group.world:
             raise UserError(f"method={self.name} needs at least one gradient element per worker "
                             f"({self.numel} < {self.group.world} workers)")
@@ -280,18 +283,6 @@ class Exclusive(Method):
         return 4 * numel * (2 if comp.error_feedback else 1)     # residual + the compensated gradient
 
 
-@METHODS.register("micro", MicroCfg, doc="MiCRO: exclusive fixed partitions, threshold scaling, global density")
-class Micro(Exclusive):
-    """MiCRO: N equal contiguous partitions, rotated over the workers every step."""
-    name = "micro"
-    title = "MiCRO"
-
-    def bounds(self):
-        sizes = equal_split(self.numel, self.group.world)
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        return [(s, s + z) for s, z in zip(starts, sizes)]
-
-
 @METHODS.register("exdyna", ExDynaCfg, doc="ExDyna: exclusive block partitions rebalanced online, threshold scaling")
 class ExDyna(Exclusive):
     """ExDyna: partitions of contiguous blocks, one block moved between neighbours when their
@@ -304,7 +295,7 @@ class ExDyna(Exclusive):
         super().__init__(cfg, compressor, env)
         n = self.group.world
         self.n_blocks, self.block, self.rem = block_layout(self.numel, cfg.blocks, cfg.align)
-        from gravac.errors import UserError
+        from gravac.core.errors import UserError
         if self.n_blocks < n:
             raise UserError(f"method.blocks={cfg.blocks} gives {self.n_blocks} blocks for {n} workers; "
                             "use at least one block per worker")

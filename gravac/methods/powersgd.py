@@ -55,10 +55,10 @@ from compressors.lowrank import (
     orthogonalise,
     random_q,
 )
-from compressors.registry import option
-from gravac.comm import CommStats
+from gravac.core.registry import option
+from gravac.cluster.comm import CommStats
 from gravac.methods.base import METHODS, Method, StepContext, StepResult, raise_diverged
-from gravac.schema import MethodCfg
+from gravac.core.schema import MethodCfg
 
 
 @dataclass

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 import torch
 
 from compressors import COMPRESSORS, option
-from gravac.gains import CodeGain, layer_norm_sum, payload_layer_norm_sum, segment_bounds
+from gravac.methods.gains import CodeGain, layer_norm_sum, payload_layer_norm_sum, segment_bounds
 from gravac.methods.base import (METHODS, CompressingMethod, StepContext, StepResult, compressor_text, fixed_cf,
                                  raise_diverged)
 from gravac.methods.dense import allreduce_dense
-from gravac.schema import MethodCfg
+from gravac.core.schema import MethodCfg
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Static(CompressingMethod):
 
     The record also carries the compression gain, the quantity GraVAC adapts on, so static runs at
     several CFs show how it evolves (paper Figs 4-6): `gain` = Σ_w||C(g_o)||² / Σ_w||g_o||² (the
-    paper's), and the authors' code's definition (gravac/gains.py) raw (`gain_code_raw`) and
+    paper's), and the authors' code's definition (gravac/methods/gains.py) raw (`gain_code_raw`) and
     smoothed (`gain_code`). With `probe_cfs`, the sent payload is also compressed further
     (multi-level) to each larger probe CF and both gains are recorded there (`probe_gain`,
     `probe_gain_code_raw`, `probe_gain_code`). All of it is bookkeeping: neither timed nor sent.
@@ -47,7 +47,7 @@ class Static(CompressingMethod):
     def __init__(self, cfg: StaticCfg, compressor, env):
         super().__init__(cfg, compressor, env)
         if cfg.send == "dense" and self.memory_momentum > 0:
-            from gravac.errors import UserError
+            from gravac.core.errors import UserError
             raise UserError("method.send=dense keeps no error-feedback memory, so it cannot hold DGC's momentum: "
                             "set compressor.momentum_correction=false")
         self.bounds = segment_bounds(self.sizes)

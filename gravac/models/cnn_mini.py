@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from compressors.registry import option
+from gravac.core.registry import option
 from gravac.models.registry import MODELS
-from gravac.schema import ModelCfg
+from gravac.core.schema import ModelCfg
 
 
 @dataclass

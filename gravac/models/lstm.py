@@ -11,9 +11,9 @@ from typing import Optional
 
 from torch import Tensor, nn
 
-from compressors.registry import option
+from gravac.core.registry import option
 from gravac.models.registry import MODELS
-from gravac.schema import ModelCfg
+from gravac.core.schema import ModelCfg
 
 Hidden = tuple[Tensor, Tensor]
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compressors.registry import option
+from gravac.core.registry import option
 from gravac.models.registry import MODELS
-from gravac.schema import ModelCfg
+from gravac.core.schema import ModelCfg
 
 
 # The paper's setting of each preset (32 GPUs; per-worker batch and learning rate as in
-# conf/model/<name>.yaml) and the CPU-scale study of its family: gravac/scale.py warns from these.
+# conf/model/<name>.yaml) and the CPU-scale study of its family: gravac/loop/scale.py warns from these.
 PAPER_CNN = dict(workers=32, batch_size=32, lr=0.1, device="cuda")
 
 

@@ -2,29 +2,39 @@
 
 A model plug-in registers its builder with `@MODELS.register(name, ItsCfg, task=...)`, where task
 is "classification" (image datasets) or "lm" (language-model datasets); `num_classes` is the
-vocabulary size for an LM.
+vocabulary size for an LM. The keywords are the fields of `ModelSpec`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from torch import nn
 
-from compressors.registry import Registry
-from gravac.schema import ModelCfg
+from gravac.core.registry import Registry
+from gravac.core.schema import ModelCfg
 
-MODELS = Registry("model", ModelCfg)
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model registers beside its config and builder."""
+    task: str                       # "classification" or "lm": must match the dataset's
+    paper: Any = None               # the paper's setting (workers, batch_size, lr, device); see gravac/loop/scale.py
+    cpu_preset: str = ""            # the CPU-scale study of its family, e.g. "experiment=mini_resnet"
+
+
+MODELS = Registry("model", ModelCfg, spec=ModelSpec, package="gravac.models")
 
 
 def build_model(cfg: ModelCfg, num_classes: int, task: str) -> nn.Module:
     """Build cfg.name for `num_classes` outputs; ValueError on an unknown name or a model/task
     mismatch. Initialisation uses torch's global RNG: seed it first."""
-    from gravac.registry import registries
-    registries()
+    MODELS.load()
     if cfg.name not in MODELS:
         raise ValueError(f"unknown model {cfg.name!r}; choose one of: {', '.join(MODELS.names())}")
     entry = MODELS[cfg.name]
-    if task != entry.extra["task"]:
-        fits = ", ".join(e.name for e in MODELS.entries() if e.extra["task"] == task) or "none"
-        raise ValueError(f"model {cfg.name!r} is for {entry.extra['task']} but the dataset's task is {task!r}; "
+    if task != entry.spec.task:
+        fits = ", ".join(e.name for e in MODELS.entries() if e.spec.task == task) or "none"
+        raise ValueError(f"model {cfg.name!r} is for {entry.spec.task} but the dataset's task is {task!r}; "
                          f"models for {task!r}: {fits}")
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")

@@ -1,4 +1,4 @@
-"""gravac-bench's sweeper: Hydra's basic grid sweeper whose batches go through gravac.sweep.Plan,
+"""gravac-bench's sweeper: Hydra's basic grid sweeper whose batches go through gravac.run.sweep.Plan,
 so that duplicate cells, thread counts, stops and the closing report work under every launcher
 (in-process, joblib, submitit). Hydra accepts plug-in classes only from the hydra_plugins package."""
 from pathlib import Path
@@ -10,10 +10,10 @@ from omegaconf import OmegaConf
 
 
 class GravacSweeper(BasicSweeper):
-    """The grid of discrete choices, as BasicSweeper expands it, run by gravac.sweep.Plan."""
+    """The grid of discrete choices, as BasicSweeper expands it, run by gravac.run.sweep.Plan."""
 
     def sweep(self, arguments: List[str]) -> Any:
-        from gravac.sweep import Plan
+        from gravac.run.sweep import Plan
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides(self._parse_config() + list(arguments))
         batches = self.split_arguments(overrides, self.max_batch_size)

@@ -1,0 +1,1 @@
+"""Run orchestration: one run's processes (launch), sweeps (sweep) and their jobs (jobs)."""

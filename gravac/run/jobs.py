@@ -1,0 +1,208 @@
+"""A sweep's jobs on this machine (hydra/launcher=joblib): `n_jobs` at a time, each in a fresh
+process of its own process group; and what any job of a sweep came to (Outcome).
+
+joblib's pool (loky) kills every worker when one dies, so one job killed by the OOM killer (or
+kill -9) failed every job the pool held, queued ones included. Here a job that dies fails alone:
+its run folder is made to say so (gravac.run.outcome.settle), and the other jobs go on. Only the
+submitting process hears the terminal's Ctrl-C (the jobs are in their own process groups): a first
+signal writes the sweep's stop file, which running jobs read at their next step; a second one
+(`aborting()`) kills the running jobs, whose run folders then say where they stopped.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+_PIPE = None          # in a job's process: where it tells the sweep about its run folder
+
+
+@dataclass
+class Outcome:
+    """What one job of a sweep came to, under any launcher: completed, failed, interrupted or not
+    started (the sweep was stopped first); `message` is the error, or the stop hint with its resume
+    command; `resume` the command that continues its run, when it left a checkpoint. (Here, not in
+    gravac.run.sweep, so that a job's process can send it back without importing torch first.)"""
+    status: str
+    message: str = ""
+    resume: str = ""
+
+
+def tell_run_dir(run_dir: str) -> None:
+    """Called by a job once its run folder exists: the sweep reads it there if the job dies."""
+    _tell("run_dir", run_dir)
+
+
+def _tell(kind: str, value) -> None:
+    if _PIPE is not None:
+        try:
+            _PIPE.send((kind, value))
+        except OSError:   # the sweep itself is gone (killed): the run goes on, and its folder tells
+            pass
+
+
+def _child(conn, work: str, tag: bytes, key: bytes, num: int, overrides: list[str]) -> None:
+    """A job's process: leave the terminal's process group (the sweep alone takes its signals),
+    drop a signal that came while it started, run the job (pickled in the file `work`) and send
+    back its Outcome. The file is unpickled only if its HMAC under the sweep's one-time `key`
+    (which reaches the job through multiprocessing's pipe, never a file) is `tag`: a file
+    changed or replaced by anyone else is refused before it can run code."""
+    import hmac
+    import pickle
+    global _PIPE
+    os.setpgid(0, 0)
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    threading.Thread(target=stop_if_orphaned, args=(os.getppid(),), daemon=True).start()
+    _PIPE = conn
+    try:
+        with open(work, "rb") as f:
+            data = f.read()
+        if not hmac.compare_digest(hmac.digest(key, data, "sha256"), tag):
+            raise RuntimeError(f"the sweep's work file {work} was changed by someone else; not loading it")
+        out = pickle.loads(data)(num, overrides)
+    except BaseException as e:  # noqa: BLE001 - the sweep reports it; this process ends here
+        out = Outcome("failed", f"crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    _tell("outcome", out)
+
+
+def stop_if_orphaned(sweep: int, every_s: float = 1.0) -> None:
+    """Once the sweep's process `sweep` is gone (killed: out of the terminal's process group, no
+    signal reaches this job), ask the sweep's jobs to stop at their next step, as a Ctrl-C would."""
+    while os.getppid() == sweep:
+        time.sleep(every_s)
+    from gravac.loop.checkpoint import request_stop
+    request_stop()
+
+
+@dataclass
+class _Running:
+    num: int
+    proc: object
+    conn: object
+    run_dir: str | None = None
+    outcome: Outcome | None = None
+
+    def read(self) -> None:
+        """Take what the job has sent so far."""
+        try:
+            while self.conn.poll():
+                kind, value = self.conn.recv()
+                if kind == "run_dir":
+                    self.run_dir = value
+                else:
+                    self.outcome = value
+        except (EOFError, OSError):   # the job died, maybe mid-message
+            pass
+
+
+class LocalJobs:
+    """Runs jobs `work(num, overrides) -> Outcome`, `n` at a time. `work` goes to the jobs by
+    cloudpickle, as joblib sends it (Hydra's context holds local functions), in a file: through
+    the start-up pipe, the sweep would wait for each job to import torch before starting the next."""
+
+    def __init__(self, work, n: int, aborting=lambda: False):
+        import cloudpickle
+        import hmac
+        import secrets
+        self.work, self.n, self.aborting = cloudpickle.dumps(work), max(1, n), aborting
+        self.key = secrets.token_bytes(32)   # per sweep: only this process can sign the work file
+        self.tag = hmac.digest(self.key, self.work, "sha256")
+
+    def run(self, jobs: list[tuple[int, list[str]]]) -> list[Outcome]:
+        """Every job's Outcome, in order; after a stop, jobs not yet started do not start."""
+        import multiprocessing
+        from multiprocessing.connection import wait
+
+        from gravac.loop.checkpoint import stop_requested
+        ctx = multiprocessing.get_context("spawn")
+        waiting, running, done = list(jobs), [], {}
+        with tempfile.TemporaryDirectory(prefix="gravac-jobs-") as tmp:
+            work = os.path.join(tmp, "work.pickle")
+            with open(work, "wb") as f:
+                f.write(self.work)
+            while waiting or running:
+                while waiting and len(running) < self.n and not (stop_requested() or self.aborting()):
+                    running.append(self._start(ctx, work, *waiting.pop(0)))
+                if not running:
+                    break
+                wait([j.proc.sentinel for j in running] + [j.conn for j in running], timeout=0.5)
+                for job in list(running):
+                    job.read()
+                    if job.proc.exitcode is not None or self.aborting():
+                        done[job.num] = self._end(job)
+                        running.remove(job)
+        done.update((num, Outcome("not started")) for num, _ in waiting)
+        return [done[num] for num, _ in jobs]
+
+    def _start(self, ctx, work: str, num: int, overrides: list[str]) -> _Running:
+        """Start a job; a Ctrl-C while it starts (before it leaves the terminal's process group)
+        waits, blocked, and is dropped there."""
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(send, work, self.tag, self.key, num, overrides),
+                           name=f"sweep-job-{num}")
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        send.close()
+        print(f"sweep: job #{num} started: {' '.join(overrides)}", flush=True)
+        return _Running(num, proc, recv)
+
+    def _end(self, job: _Running) -> Outcome:
+        """The job's Outcome once its process is gone: what it sent, else what its run folder says
+        after the sweep killed it (aborting) or something else did (the OOM killer, kill -9)."""
+        job.read()
+        aborted = job.proc.exitcode is None      # still running: the sweep is aborting
+        if aborted or job.outcome is None:
+            try:   # its whole process group: a ddp job's workers too
+                os.killpg(job.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):   # it had not left the terminal's group
+                job.proc.kill()
+        job.proc.join()
+        job.read()
+        job.conn.close()
+        if job.outcome is not None:
+            return job.outcome
+        if aborted:
+            status, what = "interrupted", "aborted by a second signal to the sweep"
+        else:
+            status, what = "failed", died(job.proc.exitcode)
+        if job.run_dir is None:   # it died before making its run folder
+            return Outcome("not started") if aborted else Outcome("failed", f"{what} before its run started")
+        from gravac.core.errors import Interrupted
+        from gravac.run.outcome import settle
+        status, message, resume = settle(job.run_dir, status, what)
+        if status == "completed":
+            return Outcome("completed")
+        if status == "interrupted":
+            return Outcome("interrupted", Interrupted(message, resume).hint(), resume)
+        return Outcome("failed", message, resume)
+
+
+def died(code: int) -> str:
+    """How a job's process ended, from its exit code."""
+    if code == -signal.SIGKILL:
+        return "its process was killed (SIGKILL: out of memory, or kill -9)"
+    if code < 0:
+        return f"its process was killed ({signal.Signals(-code).name})"
+    return f"its process died (exit code {code})"
+
+
+def hydra_work(launcher):
+    """The work of the joblib launcher's jobs: Hydra composes and runs each as joblib would."""
+    from functools import partial
+
+    from hydra.core.singleton import Singleton
+    return partial(_hydra_job, launcher.hydra_context, launcher.config, launcher.task_function,
+                   Singleton.get_state())
+
+
+def _hydra_job(hydra_context, config, task_function, singleton_state, num: int, overrides: list[str]):
+    from hydra_plugins.hydra_joblib_launcher._core import execute_job
+    return execute_job(num, overrides, hydra_context, config, task_function, singleton_state).return_value
