@@ -7,7 +7,9 @@ as a median:
   * torch.topk  ``torch.topk(x.abs(), k)`` - the baseline for exact Top-k (same index set checked);
   * compress    each compressor at each CF;
   * multilevel  the Table-3 analogue: direct C(g,10) + C(g,1000) against multi-level
-                C(g,10) + recompress(C(g,10), 100), and C(g,1000) alone against the recompress alone.
+                C(g,10) + recompress(C(g,10), 100), and C(g,1000) alone against the recompress alone;
+  * quantize    each quantizer (its CF is fixed by its code width, so once, not per CF): encode,
+                decode, and encode + decode (kind=quantize; passes = encode + decode).
 Gradients are synthetic and heavy-tailed, ``randn * exp(randn)`` (a log-normal scale mixture of
 Gaussians, like real gradients whose per-coordinate scales vary over orders of magnitude); Top-k
 is also timed on plain ``randn`` ("normal"); ``--dists vgg16fc1`` adds VGG16's tie-heavy structure
@@ -33,6 +35,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from compressors import COMPRESSORS, Compressor, build_compressor, target_k  # noqa: E402
+from compressors.packed import Quantizer  # noqa: E402
 from gravac.core.io import atomic_write  # noqa: E402
 
 SIZES = {"resnet101": 44_549_160, "vgg16": 138_357_544, "lstm": 66_034_000}
@@ -40,7 +43,7 @@ QUICK_NUMEL = 1_000_000
 COLUMNS = ["kind", "dist", "size", "numel", "compressor", "label", "cf", "threads", "runs", "median_s", "pass_s", "passes",
            "torch_topk_s", "speedup_vs_torch_topk", "same_set_as_torch", "nnz", "wire_bytes",
            "direct_s", "multilevel_s", "multilevel_speedup", "direct_high_s", "recompress_s", "recompress_speedup",
-           "direct_repeats_s", "multilevel_repeats_s"]
+           "direct_repeats_s", "multilevel_repeats_s", "encode_s", "decode_s"]
 
 
 def _label(name: str) -> str:
@@ -140,7 +143,8 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
     for dist in args.dists:
         x = synthetic_gradient(n, dist, args.seed)
         names = ["topk"] if dist == "normal" else args.compressors
-        comps = {name: build_compressor(name) for name in names}
+        quants = {name: build_compressor(name) for name in names if is_quantizer(name)}
+        comps = {name: build_compressor(name) for name in names if not is_quantizer(name)}
         s = Suite(args.repeats, args.budget)
         s.add("pass", lambda: x.abs().sum())
         for cf in args.cfs:
@@ -149,6 +153,11 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
                 s.add(f"torch.topk/{cf}", lambda k=k: torch.topk(x.abs(), k, sorted=False))
             for name, c in comps.items():
                 s.add(f"{name}/{cf}", lambda c=c, cf=cf: c.compress(x, cf, seed=1))
+        for name, c in quants.items():
+            p_q = c.compress(x, 1, seed=1)
+            s.add(f"{name}/encode", lambda c=c: c.compress(x, 1, seed=1))
+            s.add(f"{name}/decode", lambda c=c, p=p_q: c.decode(p))
+            s.add(f"{name}/both", lambda c=c: c.compress(x, 1, seed=1).dense())
         if dist == "heavy":
             lo, hi = args.multilevel
             cs = hi / lo
@@ -175,6 +184,13 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
                     row.update(torch_topk_s=tt, speedup_vs_torch_topk=tt / med,
                                same_set_as_torch=same_set(p.indices, ref, x))
                 rows.append(row)
+        for name, c in quants.items():
+            p = c.compress(x, 1, seed=1)
+            med = s.median(f"{name}/both")
+            rows.append(dict(base, kind="quantize", compressor=name, label=_label(name), cf=n / p.floats,
+                             runs=s.runs(f"{name}/both"), median_s=med, pass_s=pass_s, passes=med / pass_s,
+                             nnz=p.nnz, wire_bytes=p.wire_bytes(), encode_s=s.median(f"{name}/encode"),
+                             decode_s=s.median(f"{name}/decode")))
         if dist == "heavy":
             lo, hi = args.multilevel
             for name, c in ml.items():
@@ -188,6 +204,11 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
                                  direct_repeats_s=s.timings(f"{name}/direct"), multilevel_repeats_s=s.timings(f"{name}/multi")))
         del x
     return rows
+
+
+def is_quantizer(name: str) -> bool:
+    """A quantizer's CF is fixed by its code width: timed once, without multi-level rows."""
+    return name in COMPRESSORS and issubclass(COMPRESSORS[name].target, Quantizer)
 
 
 def fmt(v, spec: str) -> str:
@@ -204,6 +225,14 @@ def print_tables(rows: list[dict], threads: int, lo: float, hi: float) -> None:
         print(f"{r['size']:10} {r['dist']:6} {r['compressor']:10} {r['cf']:>6g} {r['median_s'] * 1e3:9.1f} "
               f"{r['passes']:7.2f} {r['nnz']:10d} {fmt(r.get('torch_topk_s') and r['torch_topk_s'] * 1e3, '14.1f'):>14} "
               f"{fmt(r.get('speedup_vs_torch_topk'), '8.2f'):>8} {r.get('same_set_as_torch', ''):>8}")
+    quant = [r for r in rows if r["kind"] == "quantize"]
+    if quant:
+        print("\nQuantizers (CF fixed by the code width): encode, decode, and both in passes")
+        print(f"{'size':10} {'dist':6} {'compressor':10} {'CF':>6} {'encode ms':>10} {'decode ms':>10} {'both ms':>9} "
+              f"{'passes':>7} {'wire bytes':>11}")
+        for r in quant:
+            print(f"{r['size']:10} {r['dist']:6} {r['compressor']:10} {r['cf']:6.2f} {r['encode_s'] * 1e3:10.1f} "
+                  f"{r['decode_s'] * 1e3:10.1f} {r['median_s'] * 1e3:9.1f} {r['passes']:7.2f} {r['wire_bytes']:11d}")
     print(f"\nMulti-level {lo:g}x -> {hi:g}x (Table 3 analogue): direct = C(g,{lo:g}) + C(g,{hi:g}); "
           f"multi = C(g,{lo:g}) + recompress(., {hi / lo:g})")
     print(f"{'size':10} {'compressor':10} {'direct ms':>10} {'multi ms':>9} {'speedup':>8} "

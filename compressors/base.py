@@ -173,6 +173,17 @@ class Compressor(ABC):
         """The CF to use at `epoch` when the configured CF is `cf` (DGC's sparsity warm-up)."""
         return cf
 
+    @classmethod
+    def fixed_cf(cls, cfg: CompressorCfg) -> float | None:
+        """The CF the compressor's own options fix (quantizers: 32 / bits per element), or None
+        when compressor.cf sets it."""
+        return None
+
+    @classmethod
+    def setting(cls, cfg: CompressorCfg) -> str | None:
+        """How tables name a compressor whose options fix its CF ("8-bit, bucket 512"), else None."""
+        return None
+
     def compress(self, x: Tensor, cf: float, *, seed: int = 0) -> Payload:
         return self.compress_checked(x, cf, seed=seed, check=self.check_finite)
 

@@ -3,6 +3,8 @@
 The flat tensor is cut into consecutive segments of the given sizes (the model's parameter
 numels), each compressed at the same CF by the inner compressor (each sends at least one
 element; an empty segment, a parameter of no elements, sends nothing), and the pieces are joined into ONE payload with global indices, grouped by segment.
+A quantizer (compressors/packed.py) gets the whole tensor and the sizes instead: its scale
+groups stay inside each segment, and its payload is one packed payload.
 Segments run through the inner compressor's native-array selection, so a model with hundreds of
 parameter tensors costs one NaN/Inf check and one concatenation, not hundreds of payloads.
 """
@@ -63,6 +65,8 @@ class Layerwise(Compressor):
     @torch.no_grad()
     def compress_checked(self, x: Tensor, cf, *, seed: int = 0, check: bool = True) -> Payload:
         """As Compressor.compress; ``cf`` may also be a sequence with one CF per segment (Accordion)."""
+        if getattr(self.inner, "segmented", False):  # a quantizer: its groups stay inside each layer
+            return self.inner.quantize(x, self.sizes, seed=seed, check=check)
         cfs = self._cfs(cf)
         validate(x, 1.0)
         if x.numel() != self.numel:
@@ -80,6 +84,8 @@ class Layerwise(Compressor):
     def recompress(self, p: Payload, cs, *, seed: int = 0) -> Payload:
         """Per-segment multi-level compression of a layer-wise payload (global indices);
         ``cs`` may be a sequence with one factor per segment."""
+        if getattr(self.inner, "segmented", False):
+            return self.inner.recompress(p, cs, seed=seed)
         if p.indices is None:
             return self.compress(p.values, cs, seed=seed)
         css = self._cfs(cs)

@@ -31,6 +31,26 @@ def test_sim_sparse_mean_and_wire_bytes():
     assert stats.modelled_s == pytest.approx(NET.allgather(8, 2) + NET.allgather(24, 2))
 
 
+def _packed():
+    """Two workers' EF-SignSGD payloads of one layout (layers of 3 and 7): sign x mean |x| per layer."""
+    from compressors import build_compressor
+    comp = build_compressor("efsignsgd", layer_sizes=[3, 7])
+    xs = [torch.tensor([1.0, -2, 3, 4, -5, 6, -7, 8, 0, 1]), torch.tensor([-1.0, 1, 1, 2, 2, 2, 2, -2, 2, 2])]
+    return [comp.compress(x, 1) for x in xs]
+
+
+def test_sim_packed_mean_wire_bytes_and_floats():
+    """Quantized payloads are all-gathered as packed bytes, decoded and averaged in rank order."""
+    out, stats = SimGroup(2, NET).aggregate(_packed())
+    m = torch.tensor(31 / 7, dtype=torch.float32)      # worker 0's second layer: mean |x| = 31/7
+    expected = torch.cat([torch.tensor([2.0 - 1, -2 + 1, 2 + 1]),      # layer 0: +-2 and +-1
+                          torch.stack([m + 2, -m + 2, m + 2, -m + 2, m - 2, m + 2, m + 2])]) / 2
+    assert torch.equal(out, expected)
+    assert stats.wire_bytes == 2 + 2 * 4                 # 10 sign bits in 2 bytes, 2 float32 scales
+    assert stats.floats == 10 / 4                          # value-equivalents: wire bits / 32
+    assert stats.modelled_s == pytest.approx(NET.allgather(10, 2)) and len(stats.messages) == 1
+
+
 def test_sim_dense_and_shared():
     g = SimGroup(2, NET)
     out, stats = g.allreduce_mean([torch.ones(4), 3 * torch.ones(4)])
@@ -48,7 +68,9 @@ def _ddp_worker(rank, init, out_dir):
     g = DistGroup(NET, torch.device("cpu"))
     out, stats = g.aggregate([_payloads()[rank]])
     rows, _ = g.gather_floats([[float(rank), 1.5]])
-    torch.save({"out": out, "wire": stats.wire_bytes, "rows": rows}, os.path.join(out_dir, f"{rank}.pt"))
+    pout, pstats = g.aggregate([_packed()[rank]])
+    torch.save({"out": out, "wire": stats.wire_bytes, "rows": rows,
+                "packed": (pout, pstats.wire_bytes, pstats.floats)}, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
 
 
@@ -70,3 +92,6 @@ def test_ddp_sparse_allgather_equals_sim():
             assert torch.equal(got["out"], sim)
             assert got["wire"] == sim_stats.wire_bytes
             assert got["rows"] == [[0.0, 1.5], [1.0, 1.5]]
+            psim, pstats = SimGroup(2, NET).aggregate(_packed())
+            assert torch.equal(got["packed"][0], psim)
+            assert got["packed"][1:] == (pstats.wire_bytes, pstats.floats) == (10, 2.5)

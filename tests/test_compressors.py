@@ -640,3 +640,7 @@ def test_compress_bench_quick(tmp_path):
     kinds = {r["kind"] for r in rows}
     assert {"compress", "multilevel"} <= kinds
     assert {r["compressor"] for r in rows} >= {"topk", "dgc", "redsync", "randomk"}
+    quant = {r["compressor"]: r for r in rows if r["kind"] == "quantize"}   # timed once, no multi-level rows
+    assert set(quant) == {"qsgd", "terngrad", "efsignsgd", "quant"}
+    assert not {r["compressor"] for r in rows if r["kind"] in ("compress", "multilevel")} & set(quant)
+    assert float(quant["efsignsgd"]["cf"]) == pytest.approx(32, rel=1e-3) and float(quant["qsgd"]["passes"]) > 0

@@ -171,7 +171,23 @@ def test_gravac_hook_applies_the_in_loop_decision_one_step_later(gain):
 # --- real DDP on 2 gloo processes ------------------------------------------------------------------
 WORLD, DDP_STEPS = 2, 4
 COMPRESSORS_DDP = {"topk": dict(compressor="topk", cf=4), "dgc": dict(compressor="dgc", cf=4),
-                   "randomk": dict(compressor="randomk", cf=4)}
+                   "randomk": dict(compressor="randomk", cf=4),
+                   "qsgd": dict(compressor="qsgd", levels=7, bucket=16), "efsignsgd": dict(compressor="efsignsgd")}
+
+
+def test_sparse_hook_quantizer_by_hand():
+    """EF-SignSGD through the hook: sign x mean |x| (2.125) sent as 4 bits and a float32; on one
+    rank the average is what was sent; GraVAC and a set cf refuse quantizers in one line."""
+    state = SparseState(solo_group(), compressor="efsignsgd", granularity="flat")
+    (out,) = run_buckets(state, sparse_hook, [([4], torch.tensor([3.0, -1.0, 0.5, 4.0]))])
+    assert out.tolist() == [2.125, -2.125, 2.125, 2.125]
+    assert state.last == {"step": 0, "floats_sent": 5 / 4, "wire_bytes": 1 + 4, "numel": 4, "cf": 4 / (5 / 4)}
+    (out,) = run_buckets(state, sparse_hook, [([4], torch.zeros(4))])     # the residual is sent next
+    assert out.tolist() == [1.375, 1.375, -1.375, 1.375]     # residual 0.875 1.125 -1.625 1.875, mean 1.375
+    with pytest.raises(ValueError, match="^GraVAC chooses compression factors, and compressor='qsgd'"):
+        GraVACState(solo_group(), compressor="qsgd")
+    with pytest.raises(ValueError, match=r"^compressor.cf=10(\.0)? is out of range"):
+        SparseState(solo_group(), compressor="qsgd", cf=10)
 
 
 class Shuffled(torch.nn.Module):
@@ -227,7 +243,8 @@ def ddp_runs(tmp_path_factory):
 
 def static_method(opts: dict, sizes: list[int], index: int):
     """The project's static Method on one bucket, with the hook's per-bucket seed."""
-    cfg = make_run(method=dict(name="static"), compressor=dict(name=opts["compressor"], cf=opts["cf"]))
+    cfg = make_run(method=dict(name="static"),
+                   compressor=dict(name=opts["compressor"], **{k: v for k, v in opts.items() if k != "compressor"}))
     env = MethodEnv(SimGroup(WORLD, NetworkModel.from_cfg(cfg.network)), sizes, torch.device("cpu"),
                     seed=mix_seed(0, index))
     return METHODS["static"].target(cfg.method, cfg.compressor, env)

@@ -39,6 +39,14 @@ for _c, _opts in [("topk", {}), ("dgc", {}), ("redsync", {}), ("randomk", {}),
                   ("randomk", {"shared_indices": False})]:
     SCENARIOS[f"static_{_c}" + ("_independent" if _opts else "")] = dict(
         steps=6, method=dict(name="static"), compressor=dict(name=_c, cf=20, granularity="layer", **_opts))
+# quantizers: packed payloads all-gathered, decoded and averaged in rank order; stochastic rounding
+# drawn per worker from the seed (QSGD, TernGrad, stochastic min-max), EF-SignSGD with its residual
+for _c, _opts in [("qsgd", {"levels": 7, "bucket": 64}), ("terngrad", {}), ("efsignsgd", {}),
+                  ("quant", {"bits": 4, "bucket": 100, "rounding": "stochastic"})]:
+    SCENARIOS[f"static_{_c}"] = dict(steps=6, method=dict(name="static"),
+                                     compressor=dict(name=_c, granularity="layer", **_opts))
+SCENARIOS["mergecomp_qsgd"] = dict(steps=6, method=dict(name="mergecomp", groups=2, search="none"),
+                                   compressor=dict(name="qsgd", bucket=128))
 # exclusive partitions: per-worker counts differ, the union's indices go through the index all-gather
 SCENARIOS["micro"] = dict(steps=8, method=dict(name="micro"), compressor=dict(name="none", cf=20))
 SCENARIOS["exdyna"] = dict(steps=8, method=dict(name="exdyna", blocks=16, align=4), compressor=dict(name="none", cf=20))
@@ -208,3 +216,16 @@ def test_payload_values_travel_in_their_own_dtype(ddp_results):
             elem = torch.tensor([], dtype=dtype).element_size()
             assert wire == s_wire == 57 * (elem + 4) + 8       # padded to the larger count (50 + 7)
             assert floats == s_floats == (50 + 57) / 2         # the mean count over workers
+
+
+def test_quantized_steps_send_their_packed_bytes(ddp_results):
+    """Static QSGD (4-bit codes, a norm per 64 elements of each layer): 1000 codes in 500 bytes
+    plus 17 norms, floats = wire bytes / 4, cf = 1000 / floats, every step, on both backends; the
+    per-worker draws differ (the average is not one worker's codes)."""
+    groups = sum(-(-m // 64) for m in SIZES)          # 8 + 5 + 4
+    for rank in range(WORLD):
+        for r in records(ddp_results, rank, "static_qsgd"):
+            assert r["wire_bytes"] == 500 + 4 * groups == 568
+            assert r["floats_sent"] == 568 / 4 and r["cf"] == pytest.approx(1000 / 142)
+    ef = records(ddp_results, 0, "static_efsignsgd")[0]
+    assert ef["wire_bytes"] == 125 + 3 * 4 and ef["cf"] == pytest.approx(1000 / (137 / 4))

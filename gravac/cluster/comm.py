@@ -73,6 +73,16 @@ def unpack_sparse(bufs: Sequence[torch.Tensor], counts: Sequence[int], padded: i
     return values, indices
 
 
+def packed_mean(bufs: Sequence[torch.Tensor], like, world: int) -> torch.Tensor:
+    """Mean of every worker's packed payload (`QuantPayload.to_bytes`, rank order), each decoded
+    with the layout of `like` and added in rank order, exactly as every backend does."""
+    out = None
+    for b in bufs:
+        d = like.from_bytes(b).dense()
+        out = d if out is None else out.add_(d)
+    return out.div_(world)
+
+
 class Group:
     """Interface of a group of workers; see SimGroup and DistGroup."""
     world: int               # total number of workers N
@@ -91,6 +101,10 @@ class Group:
 
     def _allgather_index(self, indices: list[torch.Tensor], index_dtype: torch.dtype) -> tuple[list[torch.Tensor], int]:
         """All workers' index tensors in rank order (int64), and the padded count every worker sent."""
+        raise NotImplementedError
+
+    def _allgather_bytes(self, bufs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """All workers' uint8 buffers in rank order; every worker's buffer has the same size."""
         raise NotImplementedError
 
     def broadcast_object(self, obj: Any) -> Any:
@@ -146,9 +160,12 @@ class Group:
 
         Dense payloads are all-reduced; shared-index payloads (same indices on every worker)
         all-reduce just their values; other sparse payloads go through a padded all-gather.
+        Quantized (packed) payloads are all-gathered and decoded (`aggregate_packed`).
         All workers must pass payloads of the same kind in the same step.
         """
         p = payloads[0]
+        if getattr(p, "packed", False):
+            return self.aggregate_packed(payloads)
         if p.indices is None:
             return self.allreduce_mean([q.values for q in payloads])
         if p.shared:
@@ -165,6 +182,20 @@ class Group:
         floats = sum(v.numel() for v in values) / self.world
         return out, CommStats(nbytes + COUNT_BYTES, sum(messages), time.perf_counter() - t0, floats, messages)
 
+
+    def aggregate_packed(self, payloads) -> tuple[torch.Tensor, CommStats]:
+        """Mean of quantized payloads (compressors/packed.py). Quantized values cannot be summed in
+        their wire format (every worker has its own scales), so every worker's packed bytes are
+        all-gathered, decoded and added in rank order. A payload's size follows from the layout
+        alone, the same on every worker: no count, no padding, never an empty buffer. Floats are
+        the payload's value-equivalents, wire bits / 32 (docs/DEFINITIONS.md)."""
+        t0 = time.perf_counter()
+        p = payloads[0]
+        bufs = self._allgather_bytes([q.to_bytes() for q in payloads])
+        out = packed_mean(bufs, p, self.world)
+        nbytes = p.wire_bytes()
+        m = self.net.allgather(nbytes, self.world)
+        return out, CommStats(nbytes, m, time.perf_counter() - t0, p.floats, [m])
 
     def allgather_indices(self, indices: list[torch.Tensor], numel: int) -> tuple[list[torch.Tensor], CommStats]:
         """Every worker's positions into a tensor of `numel` elements (one index tensor per local
@@ -203,6 +234,9 @@ class SimGroup(Group):
 
     def _allgather_index(self, indices, index_dtype):
         return [i.long() for i in indices], max(1, max(i.numel() for i in indices))
+
+    def _allgather_bytes(self, bufs):
+        return list(bufs)
 
     def broadcast_object(self, obj):
         return obj
@@ -267,6 +301,13 @@ class DistGroup(Group):
         bufs = [torch.empty_like(buf) for _ in range(n)]
         dist.all_gather(bufs, buf)
         return [b[:c].long() for b, c in zip(bufs, counts_l)], padded
+
+    def _allgather_bytes(self, bufs):
+        """One all-gather of equal-sized uint8 buffers (packed payloads: at least one byte)."""
+        (buf,) = bufs
+        out = [torch.empty_like(buf) for _ in range(self.world)]
+        self._dist.all_gather(out, buf)
+        return out
 
     def broadcast_object(self, obj):
         box = [obj]

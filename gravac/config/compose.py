@@ -129,6 +129,17 @@ def get(run: RunConfig, key: str) -> Any:
     return obj
 
 
+def _fixed_cf(entry, cfg) -> float | None:
+    """The CF a compressor's options fix (quantizers), None when compressor.cf sets it."""
+    fixed = getattr(entry.target, "fixed_cf", None)
+    return fixed(cfg) if fixed is not None else None
+
+
+def _sparsifiers(comps) -> str:
+    """The registered compressors whose CF compressor.cf sets, for error messages."""
+    return ", ".join(n for n in comps.names() if _fixed_cf(comps[n], comps[n].config(name=n)) is None)
+
+
 def _check(run: RunConfig) -> None:
     """Field declarations, each plug-in's own cross-field rules, then rules across sections."""
     for name in SECTIONS:
@@ -137,6 +148,17 @@ def _check(run: RunConfig) -> None:
     if method_class(m.name).needs_compressor and c.name == NO_COMPRESSOR:
         usable = registries()["compressor"].names()
         raise ConfigError(f"method={m.name} needs a compressor; set compressor= one of: {', '.join(usable)}")
+    comps = registries()["compressor"]
+    if c.name in comps and _fixed_cf(comps[c.name], c) is not None:     # a quantizer: no CF to choose
+        if method_class(m.name).needs_compressor and not method_class(m.name).takes_fixed_cf:
+            takers = [f"method={n}" for n in registries()["method"].names() if method_class(n).takes_fixed_cf]
+            raise ConfigError(f"method={m.name} chooses compression factors, and compressor={c.name} has none to "
+                              f"choose (a quantizer's CF is fixed by its code width): use {' or '.join(takers)} "
+                              f"with it, or a sparsifier ({_sparsifiers(comps)})")
+        if getattr(m, "probe_cfs", None):
+            raise ConfigError(f"method.probe_cfs needs multi-level compression, which compressor={c.name} (a "
+                              f"quantizer) cannot do: leave method.probe_cfs empty, or use a sparsifier "
+                              f"({_sparsifiers(comps)})")
     task = registries()["model"][run.model.name].spec.task
     data_task = registries()["dataset"][run.dataset.name].spec.task
     if task != data_task:

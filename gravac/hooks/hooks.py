@@ -30,9 +30,10 @@ returns a Future of the averaged bucket. Per bucket (keyed by `bucket.index()`) 
 a compressor and an error-feedback memory (compressors/), built afresh when the bucket's layout
 changes (DDP rebuilds its buckets after the first iteration); `bucket.is_last()` ends a step.
 Dense and shared-index payloads are all-reduced, other sparse payloads go through the padded
-all-gather of gravac.cluster.comm (counts first; never an empty buffer), and the average is formed the
-way the Method does it (gravac.cluster.comm.sparse_mean), so a bucket's result equals the static Method's
-on that bucket bit for bit. Every collective is issued by the hook itself, in bucket order,
+all-gather of gravac.cluster.comm (counts first; never an empty buffer), quantized (packed) payloads
+through an all-gather of their bytes (one size on every rank), and the average is formed the way the
+Method does it (gravac.cluster.comm.sparse_mean, packed_mean), so a bucket's result equals the static
+Method's on that bucket bit for bit. Every collective is issued by the hook itself, in bucket order,
 and only decoding is chained as a Future callback.
 
 Differences from the in-loop methods (bench/run.py), and why:
@@ -77,7 +78,7 @@ from dataclasses import fields
 
 import torch
 
-from compressors import Payload
+from compressors import COMPRESSORS, Payload
 from gravac.core.check import checked
 from gravac.methods.gains import (
     CodeGain,
@@ -139,7 +140,12 @@ class GraVACState(CompressionState):
         cfg = checked(GraVACCfg, {"name": "gravac", **{k: v for k, v in options.items() if k in method_keys}},
                       "gravac")
         batch_size = checked(HookOptions, {"batch_size": batch_size}, type(self).__name__).batch_size
-        super().__init__(process_group, compressor_cfg(compressor, **comp_opts), seed=seed, momentum=momentum)
+        comp_cfg = compressor_cfg(compressor, **comp_opts)
+        if COMPRESSORS[compressor].target.fixed_cf(comp_cfg) is not None:
+            raise ValueError(f"GraVAC chooses compression factors, and compressor={compressor!r} has none to choose "
+                             "(a quantizer's CF is fixed by its code width): use SparseState for it, or a sparsifier "
+                             "(topk, dgc, redsync, randomk)")
+        super().__init__(process_group, comp_cfg, seed=seed, momentum=momentum)
         self.cfg, self.batch_size = cfg, batch_size
         self.code = cfg.gain == "code"
         self.ctl = controller_for(cfg, self.world)

@@ -16,7 +16,7 @@ from compressors import COMPRESSORS, COUNT_BYTES, ErrorFeedback, Payload, from_c
 from compressors.base import mix_seed
 from gravac.core.registry import option
 from gravac.core.check import checked
-from gravac.cluster.comm import pack_sparse, sparse_mean, unpack_sparse
+from gravac.cluster.comm import pack_sparse, packed_mean, sparse_mean, unpack_sparse
 from gravac.methods.base import CompressingMethod, step_seed
 
 def compressor_cfg(name: str, **values):
@@ -143,6 +143,8 @@ class CompressionState:
     def send(self, p: Payload, out: torch.Tensor) -> torch.futures.Future:
         """Start averaging `p` over all ranks; the Future yields `out` holding the mean."""
         self._numel += out.numel()
+        if getattr(p, "packed", False):
+            return self._allgather_packed(p, out)
         if p.indices is None:
             return self._allreduce(p.values, out, lambda mean: out.copy_(mean))
         if p.shared:
@@ -160,6 +162,17 @@ class CompressionState:
         world = self.world
         fut = self.group.allreduce([t]).get_future()
         return fut.then(lambda f: finish(f.value()[0].div_(world)))
+
+    def _allgather_packed(self, p, out: torch.Tensor):
+        """All-gather of a quantized payload's bytes (the same size on every rank: no count, no
+        padding); every rank's payload decoded and averaged as the Method does (packed_mean)."""
+        buf = p.to_bytes()
+        bufs = [torch.empty_like(buf) for _ in range(self.world)]
+        self._floats += p.floats
+        self._wire += buf.numel()
+        world = self.world
+        return self.group.allgather([bufs], [buf]).get_future().then(
+            lambda f: out.copy_(packed_mean(f.value(), p, world)))
 
     def _allgather(self, p: Payload, out: torch.Tensor):
         """Padded all-gather of a sparse payload: counts first (blocking, see the module

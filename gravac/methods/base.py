@@ -104,6 +104,19 @@ class MethodEnv:
                                   # plan on the overlap timeline (MergeComp's model search); None: unknown
 
 
+def fixed_cf(comp: CompressorCfg) -> float | None:
+    """The CF the configured compressor's own options fix (a quantizer's: 32 / bits per element),
+    or None when compressor.cf sets it."""
+    return COMPRESSORS[comp.name].target.fixed_cf(comp) if comp.name in COMPRESSORS else None
+
+
+def compressor_text(comp: CompressorCfg) -> str:
+    """The compressor and its CF as tables name it: "Top-k 10x", "QSGD 8-bit, bucket 512"."""
+    entry = COMPRESSORS[comp.name]
+    setting = entry.target.setting(comp)
+    return f"{entry.label} {setting}" if setting else f"{entry.label} {comp.cf:g}x"
+
+
 def step_seed(seed: int, step: int, level: int = 0, rank: int = 0) -> int:
     """Seed for a compressor's randomness at `step` (and compression `level`) of a run seeded
     `seed`: shared by all workers unless `rank` differs (the DDP hooks use it too)."""
@@ -116,6 +129,7 @@ class Method:
     needs_compressor = False     # config refuses compressor=none when True
     compressor_keys: tuple = ()  # common compressor keys (cf, error_feedback) read without a compressor
     order = 9                    # position of the method in tables and legends
+    takes_fixed_cf = False       # works with a compressor whose options fix its CF (the quantizers)
 
     clock = staticmethod(time.perf_counter)     # replaceable by tests that need deterministic times
 

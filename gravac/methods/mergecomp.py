@@ -75,6 +75,8 @@ from gravac.methods.base import (
     RunStats,
     StepContext,
     StepResult,
+    compressor_text,
+    fixed_cf,
     raise_diverged,
 )
 from gravac.cluster.timeline import Piece, on_profile
@@ -89,6 +91,7 @@ class MergeComp(CompressingMethod):
     """Groups of consecutive tensors in backward order, compressed and sent one by one (docstring)."""
     name = "mergecomp"
     order = 8
+    takes_fixed_cf = True        # a quantizer per group: its payloads are all-gathered and decoded
 
     def __init__(self, cfg: MergeCompCfg, compressor, env):
         super().__init__(cfg, compressor, env)
@@ -345,7 +348,7 @@ class MergeComp(CompressingMethod):
     # --- what a configuration means ---------------------------------------------------------------
     @classmethod
     def label(cls, cfg: MergeCompCfg, comp) -> str:
-        base = f"{COMPRESSORS[comp.name].label} {comp.cf:g}x" if comp.name in COMPRESSORS else comp.name
+        base = compressor_text(comp) if comp.name in COMPRESSORS else comp.name
         if cfg.search == "none":
             what = {0: "layer-wise", 1: "whole-model"}.get(cfg.groups, f"{cfg.groups} groups")
             return f"MergeComp {base}, {what}"
@@ -353,14 +356,15 @@ class MergeComp(CompressingMethod):
 
     @classmethod
     def cf_text(cls, cfg, comp) -> str:
-        return f"{comp.cf:g}x"
+        fixed = fixed_cf(comp)
+        return f"{fixed:.3g}x" if fixed else f"{comp.cf:g}x"
 
     @classmethod
     def ignores(cls, cfg, comp):
-        keys = ["compressor.granularity"]
+        keys = ["compressor.granularity"] + (["compressor.cf"] if fixed_cf(comp) else [])
         return keys + (["method.warmup", "method.probe_steps", "method.search_step", "method.max_candidates"]
                        if cfg.search == "none" else [])
 
     @classmethod
     def sort_values(cls, cfg, comp):
-        return [comp.cf, SEARCHES.index(cfg.search), cfg.groups]
+        return [fixed_cf(comp) or comp.cf, SEARCHES.index(cfg.search), cfg.groups]

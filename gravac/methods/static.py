@@ -7,7 +7,8 @@ import torch
 
 from compressors import COMPRESSORS, option
 from gravac.methods.gains import CodeGain, layer_norm_sum, payload_layer_norm_sum, segment_bounds
-from gravac.methods.base import METHODS, CompressingMethod, StepContext, StepResult, raise_diverged
+from gravac.methods.base import (METHODS, CompressingMethod, StepContext, StepResult, compressor_text, fixed_cf,
+                                 raise_diverged)
 from gravac.methods.dense import allreduce_dense
 from gravac.core.schema import MethodCfg
 
@@ -24,7 +25,8 @@ class StaticCfg(MethodCfg):
 
 @METHODS.register("static", StaticCfg, doc="one compressor at compressor.cf every step, with error feedback")
 class Static(CompressingMethod):
-    """Compress every worker's compensated gradient at compressor.cf and average the payloads.
+    """Compress every worker's compensated gradient at compressor.cf and average the payloads
+    (a quantizer sends at the CF its code width fixes; compressor.cf is then unused).
 
     The record also carries the compression gain, the quantity GraVAC adapts on, so static runs at
     several CFs show how it evolves (paper Figs 4-6): `gain` = Σ_w||C(g_o)||² / Σ_w||g_o||² (the
@@ -40,6 +42,7 @@ class Static(CompressingMethod):
     """
     name = "static"
     order = 1
+    takes_fixed_cf = True        # a quantizer sends at its own CF (compressor.cf unused)
 
     def __init__(self, cfg: StaticCfg, compressor, env):
         super().__init__(cfg, compressor, env)
@@ -103,19 +106,20 @@ class Static(CompressingMethod):
     @classmethod
     def label(cls, cfg, comp) -> str:
         probe = " gain probe (sends dense)" if cfg.send == "dense" else ""
-        return f"{COMPRESSORS[comp.name].label} {comp.cf:g}x{probe}"
+        return f"{compressor_text(comp)}{probe}"
 
     @classmethod
     def cf_text(cls, cfg, comp) -> str:
-        return "1x" if cfg.send == "dense" else f"{comp.cf:g}x"
+        fixed = fixed_cf(comp)
+        return "1x" if cfg.send == "dense" else f"{fixed:.3g}x" if fixed else f"{comp.cf:g}x"
 
     @classmethod
     def ignores(cls, cfg, comp):
-        return []
+        return ["compressor.cf"] if fixed_cf(comp) else []
 
     @classmethod
     def sort_values(cls, cfg, comp):
-        return [comp.cf]
+        return [fixed_cf(comp) or comp.cf]
 
     @classmethod
     def describe(cls, cfg, comp):

@@ -1,0 +1,48 @@
+"""EF-SignSGD (Karimireddy et al., ICML 2019): scaled sign with error feedback (biased).
+
+Each tensor (or bucket) p is sent as (||p||_1 / d)·sign(p): one bit per element, packed 8 per
+byte, plus its float32 mean |p|. The compressor is biased; the method is the compressor *with*
+error feedback, so compressor.error_feedback must stay true. sign(0) is sent as +1 (one bit has
+no zero; the residual keeps the difference).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import COMPRESSORS, CompressorCfg
+from .packed import Quantizer, finite, cf_option, group_scale
+from gravac.core.registry import option
+
+
+@dataclass
+class EFSignSGDCfg(CompressorCfg):
+    """bucket: elements per scale (0: one per tensor, as the paper's layer-wise scaled sign)."""
+    cf: float = cf_option()
+    error_feedback: bool = option(True, check=lambda v: v is True,
+                                  valid="true: EF-SignSGD is the scaled sign with error feedback")
+    bucket: int = option(0, check=lambda v: int(v) == v and v >= 0, valid="an integer >= 0 (0: one scale per tensor)")
+
+
+@COMPRESSORS.register("efsignsgd", EFSignSGDCfg, label="EF-SignSGD", order=7,
+                      doc="EF-SignSGD: sign x mean|g| per tensor, 1 bit per element, error feedback")
+class EFSignSGD(Quantizer):
+    """Scaled sign: 1-bit codes (1: +, 0: -), one float32 mean |x| per tensor or bucket."""
+
+    name = "efsignsgd"
+    bits = 1
+    offset = 0.5
+
+    def __init__(self, *, bucket: int = 0, check_finite: bool = True) -> None:
+        super().__init__(check_finite=check_finite)
+        if int(bucket) < 0:
+            raise ValueError(f"EF-SignSGD needs bucket >= 0, got {bucket}")
+        self.bucket = int(bucket)
+
+    def _encode(self, a, lens, seed, check):
+        scale = finite(group_scale(a, lens, "mean").astype(np.float32), check)
+        return np.greater_equal(a, 0).view(np.uint8), scale
+
+    def _affine(self, scales):
+        return 2 * scales, None                # (b - 1/2) * 2m = +-m

@@ -1,0 +1,491 @@
+"""Quantizers' shared machinery: the packed payload, bit packing, scale groups, seeded dithers.
+
+A quantizer sends every element as a b-bit code (b in 1, 2, 4, 8) plus a few float32 numbers per
+*group* of elements (a bucket, or a whole tensor): QSGD's norms, TernGrad's and EF-SignSGD's
+scales, min-max quantization's (min, step). Every element decodes as
+
+    value = (code - offset) * step[g] + base[g]                 (g: the element's group)
+
+with ``offset`` fixed by the quantizer (QSGD: s, TernGrad: 1, EF-SignSGD: 1/2, min-max: 0), so a
+zero code of a symmetric quantizer decodes to exactly 0. Groups never cross a layer boundary
+(granularity=layer) and follow from the layout and the bucket size, which every worker knows: they
+are not sent. The payload's size therefore depends only on the layout, identical on every worker,
+and an all-gather needs neither counts nor padding.
+
+Wire format (``QuantPayload.to_bytes``), what ``wire_bytes()`` counts exactly: the codes packed
+little-end first (code i in bits (i mod 8/b)*b of byte i div (8/b); the last byte zero-padded),
+then each group's float32 scales. Floats-sent convention: value-equivalents = wire bits / 32, so
+CF = numel / floats = 32 / (wire bits per element).
+
+Randomness (stochastic rounding) is 16-bit: code = floor(y + u), u = (r + 1/2) / 2^16 with r a
+uniform 16-bit integer, so E[code] = y up to 2^-17 of a level (float32 rounding of y is of the
+same order for 8-bit codes). The integers come from NumPy's PCG64 seeded by the caller's torch
+CPU generator (compressors.base.generator): a deterministic function of the seed, so simulated and
+real workers draw identically, several times faster than torch's own CPU generator (its uniform
+floats cost about two memory passes at the ResNet101 size). The encode and decode loops run in
+cache-sized blocks on torch.get_num_threads() threads; each block's work and draws depend on its
+position only, so the bytes do not depend on the thread count.
+
+The arithmetic is NumPy on the CPU: a tensor on another device is copied to the CPU and the
+decoded tensor back (no device kernels yet).
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import fields
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .arrays import NONFINITE
+from .base import Compressor, CompressorCfg, generator, validate
+from gravac.core.registry import option
+
+#: Unused value of compressor.cf for quantizers: the base config's default (cf is not set).
+CF_UNSET = {f.name: f.default for f in fields(CompressorCfg)}["cf"]
+
+
+def cf_option():
+    """compressor.cf for a quantizer: fixed by its code width, so setting it is an error (one line)."""
+    return option(CF_UNSET, check=lambda v: v == CF_UNSET,
+                  valid="left unset: a quantizer's CF is fixed by its code width (CF = 32 / wire bits per "
+                        "element); choose its bits or levels instead")
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 codes (each < 2**bits) packed 8/bits per byte, little-end first; last byte zero-padded.
+    2 and 4 bits combine neighbouring codes inside uint32 / uint16 words (a few whole-array ops)."""
+    if bits == 8:
+        return codes
+    if bits == 1:
+        return np.packbits(codes, bitorder="little")
+    per, n = 8 // bits, codes.shape[0]
+    if n % per:
+        codes = np.concatenate([codes, np.zeros(per - n % per, dtype=np.uint8)])
+    if not np.little_endian:  # pragma: no cover - the word trick assumes little-endian words
+        body = codes.reshape(-1, per).astype(np.uint16) << (np.arange(per, dtype=np.uint16) * bits)
+        return np.bitwise_or.reduce(body, axis=1).astype(np.uint8)
+    if bits == 4:                       # c0 + c1 << 8  ->  c0 | c1 << 4
+        v = codes.view(np.uint16)
+        return ((v & 0x000F) | ((v >> 4) & 0x00F0)).astype(np.uint8)
+    v = codes.view(np.uint32)           # c0 | c1 << 8 | c2 << 16 | c3 << 24
+    w = v | (v >> 6)                    # c0 | c1 << 2 in byte 0, c2 | c3 << 2 in byte 2
+    w &= 0x000F000F
+    w |= w >> 12
+    return w.astype(np.uint8)
+
+
+def unpack(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
+    """The n uint8 codes of ``pack(codes, bits)``."""
+    return np.take(code_table(bits, np.uint8, 0), packed, axis=0).reshape(-1)[:n]
+
+
+def code_table(bits: int, dtype, offset: float) -> np.ndarray:
+    """(256, 8/bits) table: the codes a byte holds, minus ``offset``, as ``dtype``."""
+    per = 8 // bits
+    b = np.arange(256)[:, None] >> (np.arange(per) * bits)[None, :]
+    return ((b & ((1 << bits) - 1)) - offset).astype(dtype)
+
+
+def group_lengths(sizes, bucket: int) -> np.ndarray:
+    """Lengths of the scale groups of a flat tensor made of segments of ``sizes``: each segment
+    cut into buckets of ``bucket`` elements (the last one shorter), or whole with bucket=0; empty
+    segments have no group."""
+    parts = []
+    for m in sizes:
+        m = int(m)
+        if m <= 0:
+            continue
+        if bucket <= 0 or bucket >= m:
+            parts.append(np.array([m], dtype=np.int64))
+        else:
+            full, rest = divmod(m, bucket)
+            parts.append(np.full(full + (rest > 0), bucket, dtype=np.int64))
+            if rest:
+                parts[-1][-1] = rest
+    return np.concatenate(parts)
+
+
+#: Elements per block of the blocked encode/decode loops (their temporaries stay in cache).
+BLOCK = 1 << 16
+
+
+class Spread:
+    """One value per group, read per element over a block [lo, hi) of the flat tensor.
+
+    One group: a scalar. Groups of one length L: blocks are cut at multiples of L and the values
+    broadcast over a (groups, L) view. Otherwise the values of the groups meeting the block are
+    repeated per element (a block-sized temporary)."""
+
+    def __init__(self, vals: np.ndarray, lens: np.ndarray, n: int) -> None:
+        self.vals = vals
+        L = int(lens[0])
+        if lens.shape[0] == 1:
+            self.kind, self.L = "one", 1
+        elif (lens[:-1] == L).all() and int(lens[-1]) <= L:
+            self.kind, self.L = "uniform", L       # the last group may be shorter
+        else:
+            self.kind, self.L = "repeat", 1
+            self.bounds = np.concatenate([[0], np.cumsum(lens)])
+
+    def blocks(self, n: int):
+        """Block bounds (lo, hi), about BLOCK elements each, multiples of 8 (whole bytes of codes)
+        and for uniform groups of L."""
+        unit = int(np.lcm(self.L, 8)) if self.kind == "uniform" else 8
+        step = max(BLOCK // unit, 1) * unit
+        return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+    def apply(self, ufunc, y: np.ndarray, lo: int, hi: int) -> None:
+        """y = ufunc(y, value) in place, y being the block [lo, hi)."""
+        if self.kind == "one":
+            ufunc(y, self.vals[0], out=y)
+        elif self.kind == "repeat":                   # the groups meeting [lo, hi), repeated
+            g0 = int(np.searchsorted(self.bounds, lo, side="right")) - 1
+            g1 = int(np.searchsorted(self.bounds, hi, side="left"))
+            b = np.clip(self.bounds[g0:g1 + 1], lo, hi)
+            ufunc(y, np.repeat(self.vals[g0:g1], np.diff(b)), out=y)
+        else:
+            g0, L = lo // self.L, self.L
+            full = (hi - lo) // L
+            if full:
+                v = y[:full * L].reshape(full, L)
+                ufunc(v, self.vals[g0:g0 + full, None], out=v)
+            if hi - lo > full * L:                  # the short last group
+                ufunc(y[full * L:], self.vals[g0 + full], out=y[full * L:])
+
+
+def grouped(a: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """a reshaped (groups, length) when all groups have one length, else a (for reductions)."""
+    if lens.shape[0] == 1 or (a.shape[0] % lens[0] == 0 and lens.shape[0] == a.shape[0] // lens[0]
+                              and (lens == lens[0]).all()):
+        return a.reshape(lens.shape[0], -1)
+    return a
+
+
+def group_reduce(ufunc, a: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """ufunc.reduce over each group of the flat array a (one pass)."""
+    starts = np.zeros(lens.shape[0], dtype=np.int64)
+    np.cumsum(lens[:-1], out=starts[1:])
+    return ufunc.reduceat(a, starts)
+
+
+def dither_seed(seed: int, salt: int) -> int:
+    """Seed of the 16-bit dither stream of (seed, salt), drawn from a torch CPU generator
+    (compressors.base.generator): NumPy's PCG64 from it is the same on every host, and element
+    i's 16 bits are bits 16(i mod 4).. of the stream's (i div 4)-th 64-bit output."""
+    return int(torch.randint(0, 2**62, (1,), generator=generator(seed, salt)))
+
+
+def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, top: int, *,
+                 seed: int | None, salt: int = 0, shift: np.ndarray | None = None) -> np.ndarray:
+    """uint8 codes of y = (a + shift[g]) * mult[g] + add (y in [0, top] by construction):
+    floor(y + u) with u uniform 16-bit (stochastic, E[code] = y) when ``seed`` is given, else
+    round(y) (nearest). The shift comes first so that data far from 0 keeps its precision.
+
+    Stochastic: t = y * 2^16 + r + 1/2 in float32 (below 2^24 for top <= 255, so the 16 random
+    bits keep their weight), truncated to int32 and shifted right by 16. Codes a float rounding
+    outside [0, top] are clipped. Runs in blocks of about BLOCK elements (cache-resident
+    temporaries); block b of the dither is the stream's next (block length) 16-bit integers."""
+    n, scale = a.shape[0], 65536.0 if seed is not None else 1.0
+    m = Spread((mult * scale).astype(np.float32), lens, n)
+    sh = Spread(shift.astype(np.float32), lens, n) if shift is not None else None
+    s0 = dither_seed(seed, salt) if seed is not None else None
+    plus = np.float32(add * scale + 0.5)
+    out = np.empty(n, dtype=np.uint8)
+
+    def part(blocks):
+        if not blocks:
+            return
+        ybuf, tbuf = np.empty(BLOCK + m.L, dtype=np.float32), np.empty(BLOCK + m.L, dtype=np.int32)
+        bg = None
+        if s0 is not None:          # the stream from this part's first draw: blocks start at multiples of 8
+            bg = np.random.PCG64(s0)
+            bg.advance(blocks[0][0] // 4)
+        for lo, hi in blocks:
+            y, t = ybuf[:hi - lo], tbuf[:hi - lo]
+            np.copyto(y, a[lo:hi])
+            if sh is not None:
+                sh.apply(np.add, y, lo, hi)
+            m.apply(np.multiply, y, lo, hi)
+            if bg is not None:
+                y += bg.random_raw((hi - lo + 3) // 4).view(np.uint16)[:hi - lo]
+            y += plus
+            np.copyto(t, y, casting="unsafe")      # truncation = floor for y >= 0
+            if bg is not None:
+                t >>= 16
+            np.clip(t, 0, top, out=t)
+            np.copyto(out[lo:hi], t, casting="unsafe")
+    in_parts(m.blocks(n), part)
+    return out
+
+
+#: Below this many elements the blocked loops run on the calling thread only.
+PARALLEL_MIN = 1 << 20
+_POOL = None
+
+
+def in_parts(blocks: list, fn) -> None:
+    """fn(contiguous run of blocks) for torch.get_num_threads() runs at once (NumPy releases the
+    GIL in its loops); the result does not depend on the number of runs (each block's work and
+    random draws follow from its position alone)."""
+    k = min(torch.get_num_threads(), len(blocks), 8)
+    if k <= 1 or blocks[-1][1] < PARALLEL_MIN:
+        fn(blocks)
+        return
+    pool = _pool(k)
+    cut = [round(i * len(blocks) / k) for i in range(k + 1)]
+    for f in [pool.submit(fn, blocks[cut[i]:cut[i + 1]]) for i in range(k)]:
+        f.result()
+
+
+def _pool(k: int):
+    """The module's thread pool, with at least k threads."""
+    global _POOL
+    if _POOL is None or _POOL._max_workers < k:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL = ThreadPoolExecutor(max_workers=k, thread_name_prefix="quantize")
+    return _POOL
+
+
+class QuantPayload:
+    """What one worker sends for one tensor under a quantizer: packed codes and group scales.
+
+    Duck-types Payload where a consumer needs the values: ``values`` and ``dense()`` are the
+    decoded tensor (computed once), ``indices`` is None. ``packed`` marks it for the
+    communication layer, which all-gathers ``to_bytes()`` (the payload's size is the same on
+    every worker for one layout) and decodes each worker's bytes with ``from_bytes``.
+    """
+
+    packed = True
+    indices = None
+    shared = False
+
+    def __init__(self, codes: np.ndarray, scales: np.ndarray, numel: int, quantizer: "Quantizer",
+                 lens: np.ndarray, dtype: torch.dtype, device) -> None:
+        self.codes, self.scales, self.numel = codes, scales, int(numel)
+        self.quantizer, self.lens, self.dtype, self.device = quantizer, lens, dtype, device
+        self._dense: Tensor | None = None
+
+    @property
+    def bits(self) -> int:
+        return self.quantizer.bits
+
+    @property
+    def nnz(self) -> int:
+        """Elements the payload represents (every one: quantizers do not select)."""
+        return self.numel
+
+    @property
+    def floats(self) -> float:
+        """Float32 value-equivalents sent: wire bits / 32 (the suite's floats-sent convention)."""
+        return self.wire_bytes() / 4
+
+    def wire_bytes(self) -> int:
+        """Exact bytes sent: the packed codes plus 4 bytes per scale."""
+        return int(self.codes.nbytes + self.scales.nbytes)
+
+    def index_bytes(self) -> int:
+        return 0
+
+    def to_bytes(self) -> Tensor:
+        """The wire format as one uint8 tensor of wire_bytes() bytes (codes, then float32 scales)."""
+        buf = np.empty(self.wire_bytes(), dtype=np.uint8)
+        buf[:self.codes.nbytes] = self.codes
+        buf[self.codes.nbytes:] = self.scales.reshape(-1).view(np.uint8)
+        return torch.from_numpy(buf).to(self.device)
+
+    def from_bytes(self, buf: Tensor) -> "QuantPayload":
+        """Another worker's payload of the same layout, from its to_bytes()."""
+        b = buf.cpu().numpy()
+        if b.shape[0] != self.wire_bytes():
+            raise ValueError(f"packed payload of {b.shape[0]} bytes, expected {self.wire_bytes()}")
+        nc = self.codes.nbytes
+        scales = b[nc:].copy().view(np.float32).reshape(self.scales.shape)
+        return QuantPayload(b[:nc].copy(), scales, self.numel, self.quantizer, self.lens, self.dtype, self.device)
+
+    @property
+    def values(self) -> Tensor:
+        return self.dense()
+
+    def dense(self) -> Tensor:
+        """Decode (once; later calls return the same tensor)."""
+        if self._dense is None:
+            self._dense = self.quantizer.decode(self)
+        return self._dense
+
+    def __repr__(self) -> str:
+        return (f"QuantPayload({self.quantizer.name}, numel={self.numel}, bits={self.bits}, "
+                f"groups={self.lens.shape[0]}, wire_bytes={self.wire_bytes()})")
+
+
+class Quantizer(Compressor):
+    """A compressor sending b-bit codes plus per-group float32 scales (see the module docstring).
+
+    ``compress(x, cf)`` ignores cf (the code width fixes the CF; configs refuse a set
+    compressor.cf). Layer-wise granularity (Layerwise) calls ``quantize`` with the layer sizes:
+    groups never cross a layer. Subclasses set ``bits``, ``offset``, ``bucket``, and implement
+    ``_encode`` (codes and scales) and ``_affine`` (each group's step and base from its scales).
+    """
+
+    bits: int = 8
+    offset: float = 0.0
+    bucket: int = 0
+    stochastic: bool = False
+    segmented = True    # Layerwise hands the whole tensor and its layer sizes to quantize()
+
+    @property
+    def per_rank_seed(self) -> bool:
+        """Stochastic rounding draws independently on every worker (as the papers' workers do):
+        the errors of the average then shrink with the number of workers."""
+        return self.stochastic
+
+    @classmethod
+    def code_bits(cls, cfg) -> int:
+        """Bits per code the config gives."""
+        return cls.bits
+
+    @classmethod
+    def scales_per_group(cls, cfg) -> int:
+        return 1
+
+    @classmethod
+    def fixed_cf(cls, cfg) -> float:
+        """CF = 32 / bits per element on a tensor much larger than a bucket (scales included;
+        a per-tensor scale is counted as nothing)."""
+        bucket = getattr(cfg, "bucket", 0)
+        bits = cls.code_bits(cfg) + (32 * cls.scales_per_group(cfg) / bucket if bucket else 0.0)
+        return 32.0 / bits
+
+    @classmethod
+    def setting(cls, cfg) -> str:
+        """How plots and tables name the configured quantizer beside its label."""
+        bucket = getattr(cfg, "bucket", 0)
+        return f"{cls.code_bits(cfg)}-bit" + (f", bucket {bucket}" if bucket else "")
+
+    @torch.no_grad()
+    def compress_checked(self, x: Tensor, cf=None, *, seed: int = 0, check: bool = True) -> QuantPayload:
+        validate(x, 1.0)
+        return self.quantize(x, [x.numel()], seed=seed, check=check)
+
+    @torch.no_grad()
+    def quantize(self, x: Tensor, sizes, *, seed: int = 0, check: bool = True) -> QuantPayload:
+        """Encode flat x made of segments of ``sizes`` (groups stay inside a segment)."""
+        validate(x, 1.0)
+        if x.numel() != sum(int(s) for s in sizes):
+            raise ValueError(f"segment sizes sum to {sum(sizes)}, tensor has {x.numel()} elements")
+        a = x.detach().to("cpu", torch.float32).numpy()
+        lens = group_lengths(sizes, self.bucket)
+        codes, scales = self._encode(a, lens, seed, check)
+        return QuantPayload(pack(codes, self.bits), scales.astype(np.float32, copy=False), a.shape[0], self,
+                            lens, x.dtype, x.device)
+
+    def decode(self, p: QuantPayload) -> Tensor:
+        """The dense tensor p stands for: (code - offset) * step + base per group, in blocks."""
+        n = p.numel
+        step, base = self._affine(p.scales)
+        st = Spread(step.astype(np.float32), p.lens, n)
+        bs = Spread(base.astype(np.float32), p.lens, n) if base is not None else None
+        out = np.empty(n, dtype=np.float32)
+        per = 8 // self.bits
+        lut = code_table(self.bits, np.float32, self.offset)   # byte -> its codes minus the offset
+
+        def part(blocks):
+            for lo, hi in blocks:
+                y = out[lo:hi]
+                nb, b0 = (hi - lo) // per, lo // per          # whole bytes; blocks start on a byte
+                if per == 1:                                  # 8 bits: a cast (faster than the table)
+                    np.copyto(y, p.codes[lo:hi], casting="unsafe")
+                    if self.offset:
+                        y -= np.float32(self.offset)
+                else:
+                    np.take(lut, p.codes[b0:b0 + nb], axis=0, out=y[:nb * per].reshape(nb, per))
+                if nb * per < hi - lo:
+                    y[nb * per:] = lut[p.codes[b0 + nb]][:hi - lo - nb * per]
+                st.apply(np.multiply, y, lo, hi)
+                if bs is not None:
+                    bs.apply(np.add, y, lo, hi)
+        in_parts(st.blocks(n), part)
+        return torch.from_numpy(out).to(device=p.device, dtype=p.dtype)
+
+    @abstractmethod
+    def _encode(self, a: np.ndarray, lens: np.ndarray, seed: int, check: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(uint8 codes, float32 scales of shape (groups,) or (groups, m)) of float32 array a;
+        with ``check``, raise ValueError on NaN/Inf (``finite(scales)``: the scales see every element)."""
+
+    @abstractmethod
+    def _affine(self, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Each group's (step, base or None) from its scales."""
+
+    def _select(self, a, k, cf, seed, check):  # pragma: no cover - compress_checked is overridden
+        raise NotImplementedError
+
+    def recompress(self, p, cs, *, seed: int = 0):
+        raise ValueError(f"{self.name} cannot compress a payload further (multi-level compression needs a "
+                         "sparsifier: topk, dgc, redsync, randomk)")
+
+
+def by_rows(fn, g: np.ndarray, exact_combine=None) -> np.ndarray:
+    """fn(g) for a (groups, L) array, one result per row, on torch.get_num_threads() threads.
+
+    Row ranges go to the threads: each row is reduced whole by one call, so the result does not
+    depend on the split. One long row is split into column ranges only when ``exact_combine``
+    (np.maximum, np.minimum: exact in any order) joins the parts; sums are never split."""
+    k = min(torch.get_num_threads(), 8)
+    if k <= 1 or g.size < PARALLEL_MIN:
+        return fn(g)
+    pool = _pool(k)
+    rows, cols = g.shape
+    if rows >= k:
+        cut = [round(i * rows / k) for i in range(k + 1)]
+        return np.concatenate(list(pool.map(lambda i: fn(g[cut[i]:cut[i + 1]]), range(k))))
+    if exact_combine is None:
+        return fn(g)
+    cut = [round(i * cols / k) for i in range(k + 1)]
+    return exact_combine.reduce(np.stack(list(pool.map(lambda i: fn(g[:, cut[i]:cut[i + 1]]), range(k)))), axis=0)
+
+
+def group_min_max(a: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-group (min, max) of a (float32), threaded where the groups allow (see by_rows)."""
+    g = grouped(a, lens)
+    if g.ndim == 2:
+        return (by_rows(lambda v: v.min(axis=1), g, np.minimum), by_rows(lambda v: v.max(axis=1), g, np.maximum))
+    return group_reduce(np.minimum, a, lens), group_reduce(np.maximum, a, lens)
+
+
+def group_scale(a: np.ndarray, lens: np.ndarray, kind: str) -> np.ndarray:
+    """Per-group float64 L2 norm ('l2'), max |a| ('max') or mean |a| ('mean') of float32 a."""
+    g = grouped(a, lens)
+    if kind == "l2":
+        if g.ndim == 2 and g.shape[1] <= 1 << 16:   # float32 sums of short rows: accurate enough
+            out = np.sqrt(by_rows(lambda v: np.einsum("ij,ij->i", v, v), g).astype(np.float64))
+        elif g.ndim == 2:
+            out = np.sqrt(np.einsum("ij,ij->i", g, g, dtype=np.float64))
+        else:
+            out = np.sqrt(group_reduce(np.add, np.square(a, dtype=np.float64), lens))
+        return out
+    if kind == "max":
+        lo, hi = group_min_max(a, lens)
+        return np.maximum(hi.astype(np.float64), -lo.astype(np.float64))
+    if kind == "mean":
+        s = by_rows(lambda v: np.abs(v).sum(axis=1, dtype=np.float64), g) if g.ndim == 2 else \
+            group_reduce(np.add, np.abs(a).astype(np.float64), lens)
+        return s / lens
+    raise ValueError(kind)
+
+
+def finite(scales: np.ndarray, check: bool) -> np.ndarray:
+    """scales, after raising ValueError when ``check`` and one is NaN/Inf (every scale reduces its
+    group's elements, so a NaN/Inf element shows in its group's scale)."""
+    if check and not np.isfinite(scales).all():
+        raise ValueError(NONFINITE)
+    return scales
+
+
+def safe_inverse(scale: np.ndarray, factor: float) -> np.ndarray:
+    """factor / scale as float32, 0 where scale is 0 (an all-zero group encodes as zero codes)."""
+    out = np.zeros(scale.shape, dtype=np.float64)
+    np.divide(factor, scale, out=out, where=scale > 0)
+    return out.astype(np.float32)
+
+

@@ -1,0 +1,62 @@
+"""QSGD (Alistarh et al., NeurIPS 2017): s levels, stochastic rounding, one L2 norm per bucket.
+
+Each element x of a bucket with norm ||v|| is sent as sign(x)·||v||·l/s, the level l drawn between
+floor and ceil of s|x|/||v|| with the probabilities that make it unbiased (E = x). Here the code
+is the signed level plus s, floor(s·x/||v|| + u) + s in [0, 2s] (the same distribution), packed at
+the smallest width of 2, 4 or 8 bits that holds 2s+1 values: s = 1 -> 2 bits, s <= 7 -> 4, s <= 127
+-> 8. The paper's Elias coding of the levels is not used: fixed-width codes give every worker the
+same payload size (an all-gather without padding) and decode at memory speed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import COMPRESSORS, CompressorCfg
+from .packed import Quantizer, finite, affine_codes, cf_option, group_scale, safe_inverse
+from gravac.core.registry import option
+
+
+def qsgd_bits(levels: int) -> int:
+    """Code width holding the 2s+1 signed levels of QSGD with s = levels."""
+    return 2 if levels <= 1 else 4 if levels <= 7 else 8
+
+
+@dataclass
+class QSGDCfg(CompressorCfg):
+    """levels: s (quantization levels per sign); bucket: elements per norm (0: one per tensor).
+    Error feedback is off by default: QSGD is unbiased (set error_feedback=true to add it)."""
+    cf: float = cf_option()
+    error_feedback: bool = False
+    levels: int = option(127, check=lambda v: int(v) == v and 1 <= v <= 127, valid="an integer in 1..127")
+    bucket: int = option(512, check=lambda v: int(v) == v and v >= 0, valid="an integer >= 0 (0: one norm per tensor)")
+
+
+@COMPRESSORS.register("qsgd", QSGDCfg, label="QSGD", order=5,
+                      doc="QSGD: s levels, stochastic rounding, an L2 norm per bucket (unbiased)")
+class QSGD(Quantizer):
+    """QSGD with s = ``levels`` and one float32 norm per ``bucket`` elements (see module docstring)."""
+
+    name = "qsgd"
+    stochastic = True
+
+    def __init__(self, *, levels: int = 127, bucket: int = 512, check_finite: bool = True) -> None:
+        super().__init__(check_finite=check_finite)
+        if not (1 <= int(levels) <= 127) or int(bucket) < 0:
+            raise ValueError(f"QSGD needs levels in 1..127 and bucket >= 0, got levels={levels}, bucket={bucket}")
+        self.levels, self.bucket = int(levels), int(bucket)
+        self.bits, self.offset = qsgd_bits(self.levels), float(self.levels)
+
+    @classmethod
+    def code_bits(cls, cfg) -> int:
+        return qsgd_bits(cfg.levels)
+
+    def _encode(self, a, lens, seed, check):
+        norm = finite(group_scale(a, lens, "l2").astype(np.float32), check)
+        s = self.levels
+        codes = affine_codes(a, lens, safe_inverse(norm, s), s, 2 * s, seed=seed, salt=0x95D)
+        return codes, norm
+
+    def _affine(self, scales):
+        return scales / np.float32(self.levels), None
