@@ -660,32 +660,22 @@ def test_slurm_sweep_runs_each_cell_as_a_job_whose_tasks_are_the_ddp_workers(slu
 
 
 
-class _Payload:
-    """A pickle that writes a file when loaded: what a crafted work file would hold."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def __reduce__(self):
-        return (Path.touch, (Path(self.path),))
+def _job_listing_tmp(num: int, overrides: list[str]):
+    """A sweep job that reports what the temporary folder holds while it runs."""
+    from gravac.run.jobs import Outcome
+    return Outcome("completed", ",".join(sorted(os.listdir(os.environ["TMPDIR"]))))
 
 
-def test_a_replaced_work_file_is_refused_and_runs_nothing(tmp_path):
-    """A job unpickles the sweep's work file only if it carries the sweep's HMAC: a file swapped
-    in by anyone else fails the job in one line and its pickle never runs."""
-    import multiprocessing
-    import pickle
+def test_a_jobs_code_never_passes_through_a_file(tmp_path, monkeypatch):
+    """The sweep's jobs are cloudpickled code (Hydra's closures): they reach each job on a pipe from
+    the sweep's memory, so no file exists that someone could replace to run code in every job (a
+    work file in the temporary folder did before)."""
+    import tempfile
 
-    from gravac.run.jobs import LocalJobs, _child
-    jobs = LocalJobs(_job_for_test, 1)
-    work, marker = tmp_path / "work.pickle", tmp_path / "ran"
-    work.write_bytes(pickle.dumps(_Payload(str(marker))))
-    ctx = multiprocessing.get_context("spawn")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, str(work), jobs.tag, jobs.key, 0, []))
-    proc.start()
-    send.close()
-    kind, out = recv.recv()
-    proc.join(60)
-    assert kind == "outcome" and out.status == "failed" and "was changed by someone else" in out.message
-    assert not marker.exists()
+    from gravac.run.jobs import LocalJobs
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)          # re-read TMPDIR in this process too
+    outcomes = LocalJobs(_job_listing_tmp, 2).run([(0, []), (1, [])])
+    assert [(o.status, o.message) for o in outcomes] == [("completed", ""), ("completed", "")]
+
+

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -44,13 +43,11 @@ def _tell(kind: str, value) -> None:
             pass
 
 
-def _child(conn, work: str, tag: bytes, key: bytes, num: int, overrides: list[str]) -> None:
+def _child(conn, work, num: int, overrides: list[str]) -> None:
     """A job's process: leave the terminal's process group (the sweep alone takes its signals),
-    drop a signal that came while it started, run the job (pickled in the file `work`) and send
-    back its Outcome. The file is unpickled only if its HMAC under the sweep's one-time `key`
-    (which reaches the job through multiprocessing's pipe, never a file) is `tag`: a file
-    changed or replaced by anyone else is refused before it can run code."""
-    import hmac
+    drop a signal that came while it started, run the job and send back its Outcome. The job's
+    code (cloudpickled by the sweep) arrives on the pipe `work` from the sweep's own memory: no
+    file holds it, so nothing another process wrote is ever unpickled."""
     import pickle
     global _PIPE
     os.setpgid(0, 0)
@@ -60,14 +57,22 @@ def _child(conn, work: str, tag: bytes, key: bytes, num: int, overrides: list[st
     threading.Thread(target=stop_if_orphaned, args=(os.getppid(),), daemon=True).start()
     _PIPE = conn
     try:
-        with open(work, "rb") as f:
-            data = f.read()
-        if not hmac.compare_digest(hmac.digest(key, data, "sha256"), tag):
-            raise RuntimeError(f"the sweep's work file {work} was changed by someone else; not loading it")
+        data = work.recv_bytes()
+        work.close()
         out = pickle.loads(data)(num, overrides)
     except BaseException as e:  # noqa: BLE001 - the sweep reports it; this process ends here
         out = Outcome("failed", f"crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     _tell("outcome", out)
+
+
+def _hand_over(conn, data: bytes) -> None:
+    """Send a job its work (from a thread: the job reads it only after its start-up imports)."""
+    try:
+        conn.send_bytes(data)
+    except OSError:   # the job died first; the sweep reports that
+        pass
+    finally:
+        conn.close()
 
 
 def stop_if_orphaned(sweep: int, every_s: float = 1.0) -> None:
@@ -102,16 +107,13 @@ class _Running:
 
 class LocalJobs:
     """Runs jobs `work(num, overrides) -> Outcome`, `n` at a time. `work` goes to the jobs by
-    cloudpickle, as joblib sends it (Hydra's context holds local functions), in a file: through
-    the start-up pipe, the sweep would wait for each job to import torch before starting the next."""
+    cloudpickle, as joblib sends it (Hydra's context holds local functions), on a pipe of each
+    job's own, written by a thread: as an argument of the process, the sweep would wait for each
+    job to import torch before starting the next."""
 
     def __init__(self, work, n: int, aborting=lambda: False):
         import cloudpickle
-        import hmac
-        import secrets
         self.work, self.n, self.aborting = cloudpickle.dumps(work), max(1, n), aborting
-        self.key = secrets.token_bytes(32)   # per sweep: only this process can sign the work file
-        self.tag = hmac.digest(self.key, self.work, "sha256")
 
     def run(self, jobs: list[tuple[int, list[str]]]) -> list[Outcome]:
         """Every job's Outcome, in order; after a stop, jobs not yet started do not start."""
@@ -121,36 +123,34 @@ class LocalJobs:
         from gravac.loop.checkpoint import stop_requested
         ctx = multiprocessing.get_context("spawn")
         waiting, running, done = list(jobs), [], {}
-        with tempfile.TemporaryDirectory(prefix="gravac-jobs-") as tmp:
-            work = os.path.join(tmp, "work.pickle")
-            with open(work, "wb") as f:
-                f.write(self.work)
-            while waiting or running:
-                while waiting and len(running) < self.n and not (stop_requested() or self.aborting()):
-                    running.append(self._start(ctx, work, *waiting.pop(0)))
-                if not running:
-                    break
-                wait([j.proc.sentinel for j in running] + [j.conn for j in running], timeout=0.5)
-                for job in list(running):
-                    job.read()
-                    if job.proc.exitcode is not None or self.aborting():
-                        done[job.num] = self._end(job)
-                        running.remove(job)
+        while waiting or running:
+            while waiting and len(running) < self.n and not (stop_requested() or self.aborting()):
+                running.append(self._start(ctx, *waiting.pop(0)))
+            if not running:
+                break
+            wait([j.proc.sentinel for j in running] + [j.conn for j in running], timeout=0.5)
+            for job in list(running):
+                job.read()
+                if job.proc.exitcode is not None or self.aborting():
+                    done[job.num] = self._end(job)
+                    running.remove(job)
         done.update((num, Outcome("not started")) for num, _ in waiting)
         return [done[num] for num, _ in jobs]
 
-    def _start(self, ctx, work: str, num: int, overrides: list[str]) -> _Running:
-        """Start a job; a Ctrl-C while it starts (before it leaves the terminal's process group)
-        waits, blocked, and is dropped there."""
+    def _start(self, ctx, num: int, overrides: list[str]) -> _Running:
+        """Start a job and hand it its work; a Ctrl-C while it starts (before it leaves the
+        terminal's process group) waits, blocked, and is dropped there."""
         recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(send, work, self.tag, self.key, num, overrides),
-                           name=f"sweep-job-{num}")
+        work_recv, work_send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(send, work_recv, num, overrides), name=f"sweep-job-{num}")
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             proc.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
         send.close()
+        work_recv.close()
+        threading.Thread(target=_hand_over, args=(work_send, self.work), daemon=True).start()
         print(f"sweep: job #{num} started: {' '.join(overrides)}", flush=True)
         return _Running(num, proc, recv)
 
