@@ -35,10 +35,7 @@ class EFSignSGD(Quantizer):
     offset = 0.5
 
     def __init__(self, *, bucket: int = 0, check_finite: bool = True) -> None:
-        super().__init__(check_finite=check_finite)
-        if int(bucket) < 0:
-            raise ValueError(f"EF-SignSGD needs bucket >= 0, got {bucket}")
-        self.bucket = int(bucket)
+        super().__init__(bucket=bucket, check_finite=check_finite)
 
     def _encode(self, a, lens, seed, check):
         scale = finite(group_scale(a, lens, "mean").astype(np.float32), check)

@@ -334,6 +334,12 @@ class Quantizer(Compressor):
     stochastic: bool = False
     segmented = True    # Layerwise hands the whole tensor and its layer sizes to quantize()
 
+    def __init__(self, *, bucket: int = 0, check_finite: bool = True) -> None:
+        super().__init__(check_finite=check_finite)
+        if int(bucket) != bucket or bucket < 0:
+            raise ValueError(f"{type(self).__name__} needs an integer bucket >= 0 (0: one group per tensor), got {bucket}")
+        self.bucket = int(bucket)
+
     @property
     def per_rank_seed(self) -> bool:
         """Stochastic rounding draws independently on every worker (as the papers' workers do):

@@ -42,10 +42,10 @@ class QSGD(Quantizer):
     stochastic = True
 
     def __init__(self, *, levels: int = 127, bucket: int = 512, check_finite: bool = True) -> None:
-        super().__init__(check_finite=check_finite)
-        if not (1 <= int(levels) <= 127) or int(bucket) < 0:
-            raise ValueError(f"QSGD needs levels in 1..127 and bucket >= 0, got levels={levels}, bucket={bucket}")
-        self.levels, self.bucket = int(levels), int(bucket)
+        super().__init__(bucket=bucket, check_finite=check_finite)
+        if not (1 <= int(levels) <= 127):
+            raise ValueError(f"QSGD needs levels in 1..127, got {levels}")
+        self.levels = int(levels)
         self.bits, self.offset = qsgd_bits(self.levels), float(self.levels)
 
     @classmethod

@@ -37,11 +37,11 @@ class Quant(Quantizer):
 
     def __init__(self, *, bits: int = 8, bucket: int = 1024, rounding: str = "nearest",
                  check_finite: bool = True) -> None:
-        super().__init__(check_finite=check_finite)
-        if bits not in (8, 4, 2) or int(bucket) < 0 or rounding not in ("nearest", "stochastic"):
-            raise ValueError(f"Quant needs bits in 8/4/2, bucket >= 0, rounding nearest|stochastic; "
-                             f"got bits={bits}, bucket={bucket}, rounding={rounding!r}")
-        self.bits, self.bucket, self.rounding = int(bits), int(bucket), rounding
+        super().__init__(bucket=bucket, check_finite=check_finite)
+        if bits not in (8, 4, 2) or rounding not in ("nearest", "stochastic"):
+            raise ValueError(f"Quant needs bits in 8/4/2 and rounding nearest|stochastic; "
+                             f"got bits={bits}, rounding={rounding!r}")
+        self.bits, self.rounding = int(bits), rounding
         self.stochastic = rounding == "stochastic"
 
     @classmethod

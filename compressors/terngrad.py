@@ -37,10 +37,7 @@ class TernGrad(Quantizer):
     offset = 1.0
 
     def __init__(self, *, bucket: int = 0, check_finite: bool = True) -> None:
-        super().__init__(check_finite=check_finite)
-        if int(bucket) < 0:
-            raise ValueError(f"TernGrad needs bucket >= 0, got {bucket}")
-        self.bucket = int(bucket)
+        super().__init__(bucket=bucket, check_finite=check_finite)
 
     def _encode(self, a, lens, seed, check):
         m = finite(group_scale(a, lens, "max").astype(np.float32), check)

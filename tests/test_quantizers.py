@@ -309,3 +309,12 @@ def test_methods_that_choose_cfs_refuse_quantizers_and_static_names_them():
     assert Static.ignores(run.method, run.compressor) == ["compressor.cf"]
     topk = make_run(method=dict(name="static"), compressor=dict(name="topk", cf=10))
     assert Static.label(topk.method, topk.compressor) == "Top-k 10x" and Static.ignores(topk.method, topk.compressor) == []
+
+
+@pytest.mark.parametrize("cls", [QSGD, TernGrad, EFSignSGD, Quant], ids=lambda c: c.__name__)
+def test_a_bad_bucket_is_one_value_error(cls):
+    """Constructed directly (library use, no config check), every quantizer refuses a bucket that is
+    negative or not whole, in one line naming it."""
+    for bad in (-1, 2.5):
+        with pytest.raises(ValueError, match=rf"^{cls.__name__} needs an integer bucket >= 0"):
+            cls(bucket=bad)
