@@ -46,7 +46,7 @@ class Clock:
         clock.extend_machine (gravac/cluster/profile.py)."""
         c = cfg.clock
         threads = torch.get_num_threads()
-        host = machine_key(threads, cfg.cluster.device)
+        host = machine_key(threads, cfg.cluster.device, cfg.cluster.numerics)
         machine = c.machine or host
         cache = profile_dir(c.cache_dir)
         key = (f"model={dataclasses.asdict(cfg.model)} dataset={cfg.dataset.name} input={workers.input_shape()} "

@@ -50,15 +50,16 @@ def profile_dir(cache_dir: str) -> Path:
     return Path(os.path.expanduser(base)) / "profiles"
 
 
-def machine_key(threads: int, device: str) -> str:
-    """What a measurement depends on besides the work itself."""
+def machine_key(threads: int, device: str, numerics: str = "native") -> str:
+    """What a measurement depends on besides the work itself (portable numerics run other kernels)."""
     cpu = ""
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    return f"torch {torch.__version__}, {device}, {threads} threads, {cpu or 'unknown cpu'}"
+    portable = ", portable numerics" if numerics == "portable" else ""
+    return f"torch {torch.__version__}, {device}, {threads} threads{portable}, {cpu or 'unknown cpu'}"
 
 
 def _digest(text: str) -> str:

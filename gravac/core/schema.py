@@ -56,6 +56,20 @@ class ClusterCfg:
     threads: int = option(0, check=lambda v: v >= 0, valid=">= 0")        # per process; 0 -> cores / local processes
     timeout_s: float = option(60.0, check=lambda v: v > 0, valid="> 0")   # a collective waiting longer fails the run
     max_memory_gb: float = option(0.0, check=lambda v: v >= 0, valid=">= 0")  # sim refuses above; 0 -> 80% of RAM
+    numerics: str = option("native", choices=("native", "portable"),
+                           doc="native: this host's fastest kernels | portable: the same bits on any x86-64 host, "
+                               "one thread per process, about 3x slower compute (gravac/cluster/numerics.py)")
+
+    def errors(self, prefix: str) -> list[str]:
+        if self.numerics != "portable":
+            return []
+        if self.device != "cpu":
+            return [f"{prefix}.numerics=portable pins CPU kernels only (cuDNN/cuBLAS determinism is not covered): "
+                    f"use {prefix}.device=cpu or {prefix}.numerics=native"]
+        if self.threads > 1:
+            return [f"{prefix}.numerics=portable runs one thread per process (a reduction split over threads rounds "
+                    f"by the split), but {prefix}.threads={self.threads}: drop {prefix}.threads or set it to 1"]
+        return []
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from gravac.cluster.netmodel import NetworkModel
+from gravac.cluster.numerics import Numerics
 from gravac.core.schema import RunConfig
 from gravac.methods import method_class
 
@@ -110,6 +111,7 @@ class Summary:
             "time_source": "modelled" if self.modelled_clock else "wall",
             "network": self.net.describe(),
             "clock": self.clock.describe() if self.clock is not None else None,
+            "numerics": Numerics.current(c.cluster.numerics).describe(),
             "cf_histogram": self.cf_hist,
             "target_reached": self.target_hit,
             "explanation": self.explanation,

@@ -23,7 +23,7 @@ from gravac.cluster.netmodel import NetworkModel
 from gravac.core.io import atomic_write, run_path
 from gravac.loop.results import NullWriter, RunLock, RunWriter, make_run_dir
 from gravac.core.schema import RunConfig
-from gravac.cluster.host import cores
+from gravac.cluster import numerics
 from gravac.loop.track import Tracker
 from gravac.run.outcome import (_mark_failed, check_resume, command_line, resume_command,  # noqa: F401
                                  settle)
@@ -125,7 +125,7 @@ def launch(cfg: RunConfig, overrides: list[str] | None = None, started=None) -> 
     command = command_line(overrides or [])
     net = NetworkModel.from_cfg(cfg.network)
     if cfg.cluster.backend == "sim":
-        torch.set_num_threads(cfg.cluster.threads or cores())
+        numerics.apply(cfg.cluster.numerics, cfg.cluster.threads)
         run_dir = _new_run_dir(cfg, started)
         lock = RunLock(run_dir)
         try:
@@ -167,7 +167,7 @@ def _torchrun_worker(cfg: RunConfig, command: str, started=None) -> dict | None:
     import torch.distributed as dist
     _init_dist(cfg, None, None, None)
     world = dist.get_world_size()
-    torch.set_num_threads(cfg.cluster.threads or max(1, cores() // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    numerics.apply(cfg.cluster.numerics, cfg.cluster.threads, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, workers=world))
     run_dir, lock, problem = None, None, None
     if dist.get_rank() == 0:
@@ -212,9 +212,9 @@ def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, comma
     import torch.distributed as dist
     os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback_interface()
     world = cfg.cluster.workers
-    torch.set_num_threads(cfg.cluster.threads or max(1, cores() // world))
     stops = _note_stops()
     try:
+        numerics.apply(cfg.cluster.numerics, cfg.cluster.threads, world)
         _init_dist(cfg, init_method, rank, world)
         device = _device(cfg, rank)
         _run(cfg, DistGroup(NetworkModel.from_cfg(cfg.network), device), device, run_dir, command)
