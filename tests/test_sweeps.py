@@ -260,7 +260,10 @@ def test_a_job_killed_on_this_machine_fails_alone_and_says_so(tmp_path, capsys):
     assert (summary["status"], summary["steps"], summary["error"], summary["resume_command"]) == \
         ("failed", 5, why, resume)
     assert finish(Report(total=3, jobs=[(n, [f"n={n}"], o) for n, o in enumerate(outcomes)])) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    ends = [line for line in out.splitlines() if " jobs done in " in line]
+    assert [line.split(";")[0] for line in ends[-1:]] == ["sweep: job #2 completed"] and len(ends) == 3, out
+    assert "3/3 jobs done in " in ends[-1] and "left" not in ends[-1] and "about" in ends[0], out
     assert f"job #0 failed but left a checkpoint. Resume with:\n  {resume}\n" in err
     assert err.splitlines()[-1] == f"error: 1 job(s) of the sweep failed: #0 n=0 ({why})"
 
@@ -336,6 +339,19 @@ def _runs(root: Path) -> list[Path]:
 
 
 @pytest.mark.slow
+def test_pace_says_jobs_done_and_the_time_left_from_the_sweeps_throughput():
+    from gravac.run.jobs import Pace
+    now = [100.0]
+    pace = Pace(8, clock=lambda: now[0])
+    now[0] = 100 + 600          # two jobs side by side finished after 10 min: 5 min a job
+    assert pace.line(2) == "2/8 jobs done in 10 min, about 30 min left"
+    now[0] = 100 + 2 * 3600 + 5 * 60
+    assert pace.line(7) == "7/8 jobs done in 2 h 05 min, about 18 min left"
+    assert pace.line(8) == "8/8 jobs done in 2 h 05 min"
+    now[0] = 130
+    assert Pace(3, clock=lambda: 100.0).line(0) == "0/3 jobs done in 0 s"
+
+
 def test_joblib_sweep_runs_two_at_a_time_skips_duplicates_and_reports_failures(tmp_path):
     # the good cells first: each job is a fresh process, and these start, and run, side by side
     r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.lr=0.1,-1", "method=dense,gravac",

@@ -123,6 +123,7 @@ class LocalJobs:
         from gravac.loop.checkpoint import stop_requested
         ctx = multiprocessing.get_context("spawn")
         waiting, running, done = list(jobs), [], {}
+        pace = Pace(len(jobs))
         while waiting or running:
             while waiting and len(running) < self.n and not (stop_requested() or self.aborting()):
                 running.append(self._start(ctx, *waiting.pop(0)))
@@ -134,6 +135,7 @@ class LocalJobs:
                 if job.proc.exitcode is not None or self.aborting():
                     done[job.num] = self._end(job)
                     running.remove(job)
+                    print(f"sweep: job #{job.num} {done[job.num].status}; {pace.line(len(done))}", flush=True)
         done.update((num, Outcome("not started")) for num, _ in waiting)
         return [done[num] for num, _ in jobs]
 
@@ -183,6 +185,31 @@ class LocalJobs:
         if status == "interrupted":
             return Outcome("interrupted", Interrupted(message, resume).hint(), resume)
         return Outcome("failed", message, resume)
+
+
+class Pace:
+    """How far a sweep is and about how long it has left, from its throughput so far (jobs done per
+    second of the sweep, which counts jobs running side by side)."""
+
+    def __init__(self, total: int, clock=time.monotonic):
+        self.total, self.clock, self.t0 = total, clock, clock()
+
+    def line(self, done: int) -> str:
+        elapsed = self.clock() - self.t0
+        text = f"{done}/{self.total} jobs done in {_duration(elapsed)}"
+        left = self.total - done
+        if not left or not done:
+            return text
+        return f"{text}, about {_duration(elapsed / done * left)} left"
+
+
+def _duration(s: float) -> str:
+    """Seconds as '45 s', '12 min' or '2 h 05 min'."""
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
 
 
 def died(code: int) -> str:
