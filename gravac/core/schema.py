@@ -53,7 +53,10 @@ class ClusterCfg:
     workers: int = option(4, check=lambda v: v >= 1, valid=">= 1")
     dist_backend: str = option("auto", choices=("auto", "gloo", "nccl"))   # auto: nccl with CUDA, else gloo
     device: str = option("cpu", choices=("cpu", "cuda"))
-    threads: int = option(0, check=lambda v: v >= 0, valid=">= 0")        # per process; 0 -> cores / local processes
+    threads: int = option(1, check=lambda v: v >= 0, valid=">= 0",
+                          doc="intra-op threads per process; 0: this process's share of its cores (cores / local "
+                              "processes; SLURM's cpus_per_task). 1 by default: it keeps its speed beside other work, "
+                              "and single runs and sweep jobs then compute (and profile) alike")
     timeout_s: float = option(60.0, check=lambda v: v > 0, valid="> 0")   # a collective waiting longer fails the run
     max_memory_gb: float = option(0.0, check=lambda v: v >= 0, valid=">= 0")  # sim refuses above; 0 -> 80% of RAM
     numerics: str = option("native", choices=("native", "portable"),

@@ -227,8 +227,8 @@ class Plan:
             return None
 
     def _threads(self, keep: list) -> list[tuple[int, list[str], list[str]]]:
-        """Jobs that run side by side here and do not set cluster.threads get cores / (jobs at a
-        time x their processes) threads each, as an override (so command.txt records it)."""
+        """Jobs that run side by side here with cluster.threads=0 (the cores' share) get cores / (jobs
+        at a time x their processes) threads each, as an override (so command.txt records it)."""
         share = parallel_jobs(self.launcher, len(keep))
         out, used = [], set()
         for num, overrides, cfg in keep:
@@ -239,7 +239,7 @@ class Plan:
                 extra, _ = [f"cluster.threads={threads}"], used.add(threads)
             out.append((num, overrides, overrides + extra))
         if used:
-            print(f"sweep: {share} jobs at a time on {cores()} cores; jobs without cluster.threads run "
+            print(f"sweep: {share} jobs at a time on {cores()} cores; jobs with cluster.threads=0 run "
                   f"{'/'.join(map(str, sorted(used)))} thread(s) per process", flush=True)
         return out
 
