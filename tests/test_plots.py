@@ -343,18 +343,25 @@ def test_summary_cross_check(tmp_path):
 
 def test_a_run_that_failed_before_its_first_step_is_skipped_in_one_line(tmp_path, capsys):
     """Issue 20: a run whose dataset was missing counted as a context of its own and every figure
-    of it was listed as 'not made'. Real runs: one tiny good run, one that fails to find CIFAR-10."""
+    of it was listed as 'not made'. Such a run now leaves no folder (issue 41), but one stopped or
+    killed before its first step, or one of an older version, does: one tiny good run, and its
+    folder as it stood before the first step, with a CIFAR-10 config and a failed summary."""
+    import shutil
     from conftest import run_cli
     root = tmp_path / "runs"
     good = run_cli(["train.steps=4", "train.eval_every=2", "cluster.workers=2", "cluster.threads=1",
                     "logger.progress=false", "dataset.image_size=8", "dataset.train_size=256", "dataset.test_size=64",
                     "model.width=4", "experiment.run_id=good", f"experiment.results_root={root}"])
     assert good.returncode == 0, good.stderr[-2000:]
-    (tmp_path / "no-data").mkdir()
-    bad = run_cli(["dataset=cifar10", "dataset.download=false", f"dataset.root={tmp_path / 'no-data'}",
-                   "logger.progress=false", "experiment.run_id=nodata", f"experiment.results_root={root}"])
     failed = root / "default" / "nodata"
-    assert bad.returncode == 2 and json.loads((failed / "summary.json").read_text())["status"] == "failed"
+    shutil.copytree(root / "default" / "good", failed)
+    config = yaml.safe_load((failed / "config.yaml").read_text())
+    config["dataset"]["name"] = "cifar10"
+    (failed / "config.yaml").write_text(yaml.safe_dump(config))
+    for name in ("steps.jsonl", "evals.jsonl", "ready.jsonl", "model.pt"):
+        (failed / name).unlink(missing_ok=True)
+    (failed / "steps.jsonl").write_text("")
+    (failed / "summary.json").write_text(json.dumps({"status": "failed", "error": "CIFAR-10 not found", "steps": 0}))
     assert main([str(root), "--out", str(tmp_path / "out"), "--formats", "png"]) == 0
     text = capsys.readouterr().out
     assert [x for x in text.splitlines() if "nodata" in x] == [f"skipped 1 run with no steps: {failed}"]
