@@ -198,3 +198,83 @@ def test_reproducing_quotes_the_curated_dense_numbers():
         seeds = "one seed" if row["seeds"] == "1" else f"{row['seeds']} seeds"
         want = f"(dense, {seeds}: step {row['target at step']}, ends at {row['final']})"
         assert want in line, f"REPRODUCING's {exp} row should say {want}: {line}"
+
+
+# --- README's config groups table against conf/ and the registries (issue 41) ------------------------
+def _readme_section(heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"\n{heading}\n")
+    return text[start:text.find("\n#", start + len(heading) + 2)]
+
+
+def _group_rows() -> dict[str, str]:
+    """{group: its options cell} of README's "Config groups" table."""
+    rows = [line.split("|") for line in _readme_section("### Config groups (`conf/`)").splitlines()
+            if line.startswith("| `")]
+    return {re.fullmatch(r"\s*`(\w+)`\s*", r[1]).group(1): r[2] for r in rows}
+
+
+def _groups() -> list[str]:
+    from gravac.core.schema import PLUGGABLE
+    conf = ROOT / "conf"
+    return sorted({p.name for p in conf.iterdir() if p.is_dir() and p.name != "hydra"} | set(PLUGGABLE))
+
+
+def test_readme_has_one_config_groups_row_per_group():
+    assert sorted(_group_rows()) == _groups()
+
+
+@pytest.mark.parametrize("group", _groups())
+def test_readme_config_groups_row_names_every_option_and_no_other(group):
+    """Each row's options cell holds, backticked, every option `--help` offers (the registries
+    for plug-in kinds, conf/<group>/*.yaml for the rest), and no name that is not one: the method
+    row listed 4 of 10 methods and the arm row missed the COVAP, MergeComp, ExDyna/MiCRO, PowerSGD
+    and 8000x arms."""
+    from gravac.config.compose import group_options
+    options = set(group_options(group, str(ROOT / "conf")))
+    shown = {t for t in re.findall(r"`([^`]+)`", _group_rows()[group]) if re.fullmatch(r"\w+", t)}   # names, not paths
+    assert not options - shown, f"README's {group} row misses {sorted(options - shown)}"
+    assert not shown - options, f"README's {group} row names {sorted(shown - options)}, not options of {group}"
+
+
+def _needs_data(arg: str) -> str | None:
+    """The dataset a `group=option` argument of bench/run.py reads from files, else None."""
+    group, _, option = arg.partition("=")
+    if group == "dataset":
+        return option if option != "synthetic" else None
+    path = ROOT / "conf" / group / f"{option}.yaml"
+    if group in ("model", "experiment") and path.exists():
+        m = re.search(r"override /dataset: (\w+)", path.read_text())
+        return m.group(1) if m and m.group(1) != "synthetic" else None
+    return None
+
+
+def _readme_commands() -> list[tuple[str, str]]:
+    """(command, the comments around it) for each bench/run.py command in README's shell blocks:
+    its own trailing comment and the comment lines just above it."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
+        lines, comments = block.replace("\\\n", " ").splitlines(), []
+        for line in lines:
+            if line.lstrip().startswith("#"):
+                comments.append(line)
+                continue
+            if "bench/run.py" in line:
+                out.append((line.split("#")[0], " ".join(comments) + " " + line.partition("#")[2]))
+            comments = []
+    return out
+
+
+def test_readme_examples_that_need_a_dataset_say_so():
+    """A README command whose dataset must be on disk (dataset=, or a model or experiment preset
+    that sets one) says, beside it, that it needs that dataset; --cfg job and --help read none."""
+    missing = []
+    for command, comments in _readme_commands():
+        if "--cfg" in command or "--help" in command:
+            continue
+        for arg in command.split():
+            name = _needs_data(arg)
+            label = name and {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "ptb": "PTB"}[name]
+            if name and not ("needs" in comments and label in comments):
+                missing.append(f"{command.strip()} (needs {label})")
+    assert not missing, "README commands without their data note:\n" + "\n".join(missing)
