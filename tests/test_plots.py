@@ -440,18 +440,36 @@ def test_identical_curves_stay_visible_and_say_so(tmp_path, which):
     fig = (figures.cumulative_figure(ctx) if which == "floats_cumulative" else figures.metric_vs_steps_figure(ctx))
     lines = {ln.get_label().split("\n")[0]: ln for ln in _series_lines(fig)}
     gravac = lines["GraVAC ε=0.7 (dgc)"]
-    assert "identical to" in gravac.get_label() and "Dense" in gravac.get_label()
+    assert "same curve as" in gravac.get_label() and "Dense" in gravac.get_label()
     assert _style(gravac) != _style(lines["Dense"])
     assert gravac.get_fillstyle() == "none" and gravac.get_markersize() > lines["Dense"].get_markersize()
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert any(t.startswith("GraVAC ε=0.7 (dgc)\n(identical to Dense)") for t in legend)
-    assert not any("identical" in t for t in legend if t.startswith(("Dense", "Top-k")))
-    if which == "floats_cumulative":     # same floats sent, different accuracy: only here identical
-        assert "identical to Top-k 10x" in lines["Random-k 10x"].get_label()
+    assert any(t.startswith("GraVAC ε=0.7 (dgc)\n(same curve as Dense)") for t in legend)
+    assert not any("same curve" in t for t in legend if t.startswith(("Dense", "Top-k")))
+    # same floats sent, different accuracy: the same curve only here, and the note says the curve
+    # is the same, not the run ("identical to Top-k 10x" read as identical runs, issue 41)
+    if which == "floats_cumulative":
+        assert "same curve as Top-k 10x" in lines["Random-k 10x"].get_label()
     else:
-        assert "identical" not in lines["Random-k 10x"].get_label()
+        assert "same curve" not in lines["Random-k 10x"].get_label()
+    assert not any("identical" in t for t in legend)
     styles = [_style(ln) for ln in _series_lines(fig)]
     assert len(set(styles)) == len(styles) == 4
+
+
+def test_a_block_averaged_cf_line_says_what_its_blocks_are():
+    """Issue 41: GraVAC's CF figure labelled a block-averaged line "CF sent (effective per 2
+    steps)", unexplained. The legend now says it is the CF of each block of steps, dense ÷ sent."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from plots.figures_more import sent_cf_series
+    cf = np.tile([10.0, 100.0], 150)                    # changes every step: drawn in blocks
+    run = SimpleNamespace(column=lambda k: {"cf": cf, "floats_sent": 1000.0 / cf}[k])
+    x, y, text = sent_cf_series(run)
+    assert text == "CF sent per 3-step block (dense ÷ floats sent)"
+    assert y[0] == pytest.approx(3000 / (100 + 10 + 100))   # the first block: 10x, 100x, 10x
 
 
 def test_every_setting_of_a_context_has_its_own_style(tmp_path):
