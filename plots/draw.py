@@ -168,7 +168,7 @@ def identical_to(series: list[Series]) -> list[int | None]:
 def legend_labels(series: list[Series], same: list[int | None]) -> list[str]:
     """Legend texts; a curve identical to an earlier one says which, on a second line."""
     def note(name: str) -> str:
-        return f"\n(identical to {name})" if len(name) <= 16 else f"\n(identical to\n{name})"
+        return f"\n(same curve as {name})" if len(name) <= 16 else f"\n(same curve as\n{name})"
     return [s.label + (note(series[j].group.label) if j is not None else "") for s, j in zip(series, same)]
 
 

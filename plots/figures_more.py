@@ -64,7 +64,7 @@ def sent_cf_series(run: Run) -> tuple[np.ndarray, np.ndarray, str]:
     num, den = np.add.reduceat(dense, starts), np.add.reduceat(sent, starts)
     with np.errstate(invalid="ignore", divide="ignore"):
         eff = np.where(den > 0, num / den, np.nan)
-    return np.append(x[starts], len(cf)), np.append(eff, eff[-1]), f"CF sent (effective per {w} steps)"
+    return np.append(x[starts], len(cf)), np.append(eff, eff[-1]), f"CF sent per {w}-step block (dense ÷ floats sent)"
 
 
 def cf_figure(ctx: Context, g: Group):

@@ -1,11 +1,14 @@
 """Config composition, the paper presets, and one-line errors for bad values."""
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 
 import pytest
 
 from conftest import CONF, compose, run_cli, run_cli_many
+from gravac.config.cli import help_text
 from gravac.config.compose import ConfigError, build_config
 
 
@@ -177,6 +180,26 @@ def test_help_comes_from_the_registries():
         for e in builtins(kind):
             assert f"    {e.name:13} {e.doc}" in r.stdout, (kind, e.name)
     assert "sample_ratio=0.01" in r.stdout and "epsilon=0.7" in r.stdout and "options/" not in r.stdout
+
+
+def _common_fields() -> list[tuple[str, str, str]]:
+    from gravac.core.schema import SECTIONS
+    return [(section, f.name, f.type) for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+            if f.name != "name"]
+
+
+@pytest.mark.parametrize("section,key,kind", _common_fields(), ids=lambda v: str(v))
+def test_help_shows_every_setting_with_its_type_and_default(section, key, kind):
+    """Issue 41: --help said each key's type was shown by --cfg job, which shows none. --help
+    itself now gives every common setting as `key: type = default` (its choices for the type
+    when it has them), in its section's line."""
+    from gravac.core.schema import SECTIONS
+    text = help_text(str(CONF))
+    assert "type: --cfg job" not in text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"  {section}: ") and " = " in ln]
+    f = next(f for f in dataclasses.fields(SECTIONS[section]) if f.name == key)
+    shown = " | ".join(map(str, f.metadata["choices"])) if f.metadata.get("choices") else kind
+    assert re.search(rf"(^|, ){key}: {re.escape(shown)} = ", line.split(": ", 1)[1]), line
 
 
 USER_MISTAKES = [  # (overrides, environment, fragment of the one-line error): issue 21 case 8

@@ -53,15 +53,22 @@ def test_accordion_without_a_regime_comparison_says_the_run_is_too_short():
     m = method("accordion", sizes=(400, 300, 300), cf_low=1.5, switch_freq=10)
     first = {"epoch": 0, "reason": "check", "ratios": [None] * 3, "low_layers": [0, 1, 2]}
     line = m.explain(RunStats(accordion_records([3] * 19, {4: first}), 4))
-    assert line == ("Accordion ran 1.5x on all layers for all 19 steps: its first regime comparison is at the end of "
-                    "epoch 10 (method.switch_freq) and the run is 4.8 epochs; try method.switch_freq=1 (a comparison "
-                    "every epoch) or a longer run")
+    assert line == ("Accordion ran 1.5x on all layers for all 19 steps: it never compared regimes: the check after "
+                    "epoch 1 only records gradient norms (none came before to compare with), the first comparison comes "
+                    "method.switch_freq=10 epoch(s) later, at epoch 11.0 (step 44), and the run ended at epoch 4.8; "
+                    "try method.switch_freq=1 (a comparison every epoch) or a longer run")
 
 
 def test_accordion_already_checking_every_epoch_asks_only_for_a_longer_run():
+    """Issue 41: "its first regime comparison is at the end of epoch 1 ... the run is 1.6 epochs"
+    read as a contradiction. The check after epoch 1 has nothing to compare with; the line says
+    so, and that the first comparison is at epoch 2.0, beside where the run ended."""
     m = method("accordion", sizes=(400, 300, 300), cf_low=1.5, switch_freq=1)
-    line = m.explain(RunStats(accordion_records([3] * 6, {}), 4))        # 1.5 epochs: no comparison yet
-    assert line.endswith("the run is 1.5 epochs; try a run of at least 3 epochs (train.epochs=3)")
+    first = {"epoch": 0, "reason": "check", "ratios": [None] * 3, "low_layers": [0, 1, 2]}
+    line = m.explain(RunStats(accordion_records([3] * 7, {4: first}), 4))   # 1.75 epochs: no comparison yet
+    assert "the check after epoch 1 only records gradient norms" in line
+    assert line.endswith("at epoch 2.0 (step 8), and the run ended at epoch 1.8; try a run of at least 3 epochs "
+                         "(train.epochs=3)")
     assert "switch_freq=1" not in line.split("try")[1]
 
 
@@ -112,9 +119,11 @@ def test_real_gravac_runs_explain_both_outcomes(tmp_path):
 
 def test_real_accordion_runs_explain_both_outcomes(tmp_path):
     out, s = run_tiny(tmp_path / "low", ["method=accordion", "train.steps=12"])
-    assert s["explanation"] == ("Accordion ran 1.5x on all layers for all 12 steps: its first regime comparison is "
-                                "at the end of epoch 10 (method.switch_freq) and the run is 1.5 epochs; try "
-                                "method.switch_freq=1 with a run of at least 3 epochs (train.epochs=3)")
+    assert s["explanation"] == ("Accordion ran 1.5x on all layers for all 12 steps: it never compared regimes: the "
+                                "check after epoch 1 only records gradient norms (none came before to compare with), "
+                                "the first comparison comes method.switch_freq=10 epoch(s) later, at epoch 11.0 (step "
+                                "88), and the run ended at epoch 1.5; try method.switch_freq=1 with a run of at least 3 "
+                                "epochs (train.epochs=3)")
     assert s["explanation"] in out.splitlines()
     out, s = run_tiny(tmp_path / "high", ["method=accordion", "method.switch_freq=1", "method.eta=100",
                                           "train.steps=20"])

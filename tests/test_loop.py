@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import make_run, run_cli
 from gravac.cluster.netmodel import NetworkModel
 
 SMALL = ["dataset.image_size=8", "dataset.train_size=512", "dataset.test_size=128", "model.width=4",
@@ -121,9 +121,66 @@ def test_sim_refuses_a_cluster_that_does_not_fit(tmp_path):
     assert r.returncode == 2
     assert "GiB" in r.stderr and "cluster.workers" in r.stderr and "cluster=ddp" in r.stderr
     assert "Traceback" not in r.stderr
-    (run,) = runs
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "failed" and "GiB" in summary["error"]
+    assert runs == []          # refused before its first step: no run folder is left (issue 41)
+
+
+NO_DATA = ["dataset=cifar10", "dataset.download=false", "logger.progress=false", "cluster.threads=1"]
+
+
+@pytest.mark.parametrize("backend", [["cluster=sim"], ["cluster=ddp", "cluster.workers=2"],
+                                     ["-m", "train.seed=0,1"]], ids=["sim", "ddp", "sweep"])
+def test_a_run_that_fails_before_its_first_step_leaves_no_run_folder(tmp_path, backend):
+    """Issue 41: a missing dataset left an empty run folder (config, empty records, a failed
+    summary) per run and per sweep job. Now nothing is left under the results root but the
+    sweep's own folder, and the error is one line per process, without a traceback."""
+    (tmp_path / "no-data").mkdir()
+    root = tmp_path / "results"
+    r = run_cli([*backend, *NO_DATA, f"dataset.root={tmp_path / 'no-data'}", f"experiment.results_root={root}"],
+                timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in r.stderr and all(e.startswith("error: ") for e in errors), r.stderr[-2000:]
+    assert "CIFAR-10 not found" in errors[0]
+    if "cluster=ddp" in backend:
+        assert errors[-1].endswith("the run failed before its first step, so no run folder was kept"), errors
+    runs = [p for p in root.glob("*/*") if p.name != ".multirun"]
+    assert runs == [], runs
+    if "-m" not in backend:     # nor an experiment folder made for it (a sweep's holds its .multirun)
+        assert list(root.rglob("*")) == []
+
+
+@pytest.mark.parametrize("files,kept", [
+    ({}, False),                                                        # what a missing dataset leaves
+    ({"steps.jsonl": '{"step": 0}\n'}, True),                          # a step was recorded
+    ({"evals.jsonl": '{"step": 0}\n'}, True),
+    ({"checkpoint/latest": "0"}, True),
+    ({"model.pt": "x"}, True),
+    ({"summary.json": '{"status": "diverged"}'}, True),                 # says why it stopped
+    ({"summary.json": '{"status": "interrupted"}'}, True),
+    ({"wandb/run.log": "x"}, True),                                     # anything else: not ours to drop
+])
+def test_only_a_run_folder_that_recorded_nothing_is_discarded(tmp_path, files, kept):
+    from gravac.run.outcome import discard_unstarted
+    run = tmp_path / "exp" / "run"
+    run.mkdir(parents=True)
+    start = {"config.yaml": "a: 1\n", "command.txt": "python bench/run.py\n", ".lock": "1\n", "steps.jsonl": "",
+             "evals.jsonl": "", "summary.json": '{"status": "failed", "error": "CIFAR-10 not found"}'}
+    for name, text in {**start, **files}.items():
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text(text)
+    assert discard_unstarted(str(run)) is (not kept)
+    assert run.exists() is kept and (tmp_path / "exp").exists() is kept   # an emptied experiment folder goes too
+
+
+def test_a_resumed_run_folder_is_never_discarded(tmp_path):
+    from gravac.run.launch import _discard_if_unstarted
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("a: 1\n")
+    cfg = make_run(experiment=dict(resume=str(run)))
+    assert not _discard_if_unstarted(cfg, str(run), RuntimeError("data gone")) and run.exists()
+    cfg = make_run()
+    assert _discard_if_unstarted(cfg, str(run), RuntimeError("data gone")) and not run.exists()
 
 
 def test_ddp_worker_killed_stops_the_run(tmp_path):

@@ -343,18 +343,25 @@ def test_summary_cross_check(tmp_path):
 
 def test_a_run_that_failed_before_its_first_step_is_skipped_in_one_line(tmp_path, capsys):
     """Issue 20: a run whose dataset was missing counted as a context of its own and every figure
-    of it was listed as 'not made'. Real runs: one tiny good run, one that fails to find CIFAR-10."""
+    of it was listed as 'not made'. Such a run now leaves no folder (issue 41), but one stopped or
+    killed before its first step, or one of an older version, does: one tiny good run, and its
+    folder as it stood before the first step, with a CIFAR-10 config and a failed summary."""
+    import shutil
     from conftest import run_cli
     root = tmp_path / "runs"
     good = run_cli(["train.steps=4", "train.eval_every=2", "cluster.workers=2", "cluster.threads=1",
                     "logger.progress=false", "dataset.image_size=8", "dataset.train_size=256", "dataset.test_size=64",
                     "model.width=4", "experiment.run_id=good", f"experiment.results_root={root}"])
     assert good.returncode == 0, good.stderr[-2000:]
-    (tmp_path / "no-data").mkdir()
-    bad = run_cli(["dataset=cifar10", "dataset.download=false", f"dataset.root={tmp_path / 'no-data'}",
-                   "logger.progress=false", "experiment.run_id=nodata", f"experiment.results_root={root}"])
     failed = root / "default" / "nodata"
-    assert bad.returncode == 2 and json.loads((failed / "summary.json").read_text())["status"] == "failed"
+    shutil.copytree(root / "default" / "good", failed)
+    config = yaml.safe_load((failed / "config.yaml").read_text())
+    config["dataset"]["name"] = "cifar10"
+    (failed / "config.yaml").write_text(yaml.safe_dump(config))
+    for name in ("steps.jsonl", "evals.jsonl", "ready.jsonl", "model.pt"):
+        (failed / name).unlink(missing_ok=True)
+    (failed / "steps.jsonl").write_text("")
+    (failed / "summary.json").write_text(json.dumps({"status": "failed", "error": "CIFAR-10 not found", "steps": 0}))
     assert main([str(root), "--out", str(tmp_path / "out"), "--formats", "png"]) == 0
     text = capsys.readouterr().out
     assert [x for x in text.splitlines() if "nodata" in x] == [f"skipped 1 run with no steps: {failed}"]
@@ -433,18 +440,36 @@ def test_identical_curves_stay_visible_and_say_so(tmp_path, which):
     fig = (figures.cumulative_figure(ctx) if which == "floats_cumulative" else figures.metric_vs_steps_figure(ctx))
     lines = {ln.get_label().split("\n")[0]: ln for ln in _series_lines(fig)}
     gravac = lines["GraVAC ε=0.7 (dgc)"]
-    assert "identical to" in gravac.get_label() and "Dense" in gravac.get_label()
+    assert "same curve as" in gravac.get_label() and "Dense" in gravac.get_label()
     assert _style(gravac) != _style(lines["Dense"])
     assert gravac.get_fillstyle() == "none" and gravac.get_markersize() > lines["Dense"].get_markersize()
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert any(t.startswith("GraVAC ε=0.7 (dgc)\n(identical to Dense)") for t in legend)
-    assert not any("identical" in t for t in legend if t.startswith(("Dense", "Top-k")))
-    if which == "floats_cumulative":     # same floats sent, different accuracy: only here identical
-        assert "identical to Top-k 10x" in lines["Random-k 10x"].get_label()
+    assert any(t.startswith("GraVAC ε=0.7 (dgc)\n(same curve as Dense)") for t in legend)
+    assert not any("same curve" in t for t in legend if t.startswith(("Dense", "Top-k")))
+    # same floats sent, different accuracy: the same curve only here, and the note says the curve
+    # is the same, not the run ("identical to Top-k 10x" read as identical runs, issue 41)
+    if which == "floats_cumulative":
+        assert "same curve as Top-k 10x" in lines["Random-k 10x"].get_label()
     else:
-        assert "identical" not in lines["Random-k 10x"].get_label()
+        assert "same curve" not in lines["Random-k 10x"].get_label()
+    assert not any("identical" in t for t in legend)
     styles = [_style(ln) for ln in _series_lines(fig)]
     assert len(set(styles)) == len(styles) == 4
+
+
+def test_a_block_averaged_cf_line_says_what_its_blocks_are():
+    """Issue 41: GraVAC's CF figure labelled a block-averaged line "CF sent (effective per 2
+    steps)", unexplained. The legend now says it is the CF of each block of steps, dense ÷ sent."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from plots.figures_more import sent_cf_series
+    cf = np.tile([10.0, 100.0], 150)                    # changes every step: drawn in blocks
+    run = SimpleNamespace(column=lambda k: {"cf": cf, "floats_sent": 1000.0 / cf}[k])
+    x, y, text = sent_cf_series(run)
+    assert text == "CF sent per 3-step block (dense ÷ floats sent)"
+    assert y[0] == pytest.approx(3000 / (100 + 10 + 100))   # the first block: 10x, 100x, 10x
 
 
 def test_every_setting_of_a_context_has_its_own_style(tmp_path):

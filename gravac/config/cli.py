@@ -4,6 +4,7 @@ description and options, from the registries.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -99,6 +100,20 @@ def _composition_message(err: Exception, overrides: list[str]) -> str:
     return text.splitlines()[0]
 
 
+def key_types(cls: type) -> list[str]:
+    """`key: type = default` for each common field of config section `cls` (not `name`, which is
+    the group's choice), its choices in place of the type when it has them: what `--help` shows so
+    that a value's type is known before a run refuses it."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name == "name":
+            continue
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        kind = " | ".join(map(str, f.metadata["choices"])) if f.metadata.get("choices") else f.type
+        out.append(f"{f.name}: {kind} = {default!r}" if isinstance(default, str) else f"{f.name}: {kind} = {default}")
+    return out
+
+
 def help_text(conf_dir: str) -> str:
     """`bench/run.py --help`: every plug-in with its one-line description and options (from the
     registries), the other config groups' options (from conf/), and where to look further."""
@@ -120,9 +135,9 @@ def help_text(conf_dir: str) -> str:
     for group in sorted(os.listdir(conf_dir)):
         if group not in PLUGGABLE and group != "hydra" and os.path.isdir(os.path.join(conf_dir, group)):
             lines.append(f"  {group}: {', '.join(group_options(group, conf_dir))}")
-    common = ", ".join(f"{k}.*" for k in SECTIONS if k not in PLUGGABLE)
-    lines += ["", f"Settings of every run: {common} (each key, its default and type: --cfg job)",
-              "Examples:",
+    lines += ["", "Settings of every run, key: type = default (a | b: one of these; the composed config: --cfg job)"]
+    lines += [f"  {name}: {', '.join(key_types(cls))}" for name, cls in SECTIONS.items() if key_types(cls)]
+    lines += ["", "Examples:",
               "  python bench/run.py                                   # resnet_mini, synthetic data, 4 simulated workers",
               "  python bench/run.py model=vgg16 --cfg job             # show a composed config without running",
               "  python bench/run.py method=static compressor=topk compressor.cf=100 cluster=ddp cluster.workers=2",

@@ -10,7 +10,12 @@ class DivergedError(UserError):
 
 
 class WorkerFailed(UserError):
-    """A distributed worker died or raised; the message names the rank."""
+    """A distributed worker died or raised; the message names the rank. `why` is that part alone,
+    without where the results are (the launcher drops a folder the run left empty)."""
+
+    def __init__(self, message: str, why: str = ""):
+        super().__init__(message)
+        self.why = why or message
 
 
 class Interrupted(UserError):

@@ -164,9 +164,12 @@ class Regimes:
         """Why no layer ever went to high compression, and what would change it."""
         checks = [r["accordion_decision"] for r in recs if "check" in r.get("accordion_decision", {}).get("reason", "")
                   and r["accordion_decision"]["epoch"] >= self.freq]
-        if not checks:
-            return (f"its first regime comparison is at the end of epoch {self.freq} (method.switch_freq) and the run "
-                    f"is {stats.epochs:.1f} epochs; " + self._shorter(stats))
+        if not checks:   # checks run after epochs 1, 1+s, 1+2s, ... (counting from 1); the first has no norms to compare
+            at = (self.freq + 1) * stats.steps_per_epoch
+            return (f"it never compared regimes: the check after epoch 1 only records gradient norms (none came before "
+                    f"to compare with), the first comparison comes method.switch_freq={self.freq} epoch(s) later, at "
+                    f"epoch {self.freq + 1}.0 (step {at}), and the run ended at epoch {stats.epochs:.1f}; "
+                    + self._shorter(stats))
         ratios = [x for d in checks for x in d.get("ratios") or [] if x is not None]
         shown = f" (smallest change {min(ratios):.2f})" if ratios else ""
         tip = f"method.eta={math.floor(min(ratios) * 10) / 10 + 0.1:g}" if ratios else "a larger method.eta"

@@ -25,8 +25,8 @@ from gravac.loop.results import NullWriter, RunLock, RunWriter, make_run_dir
 from gravac.core.schema import RunConfig
 from gravac.cluster import numerics
 from gravac.loop.track import Tracker
-from gravac.run.outcome import (_mark_failed, check_resume, command_line, resume_command,  # noqa: F401
-                                 settle)
+from gravac.run.outcome import (_mark_failed, check_resume, command_line, discard_unstarted,  # noqa: F401
+                                 resume_command, settle)
 
 
 def _tag(cfg: RunConfig) -> str:
@@ -114,6 +114,14 @@ def _new_run_dir(cfg: RunConfig, started=None) -> str:
     return run_dir
 
 
+def _discard_if_unstarted(cfg: RunConfig, run_dir: str, err: Exception) -> bool:
+    """After a failure, delete a new run's folder if the run recorded nothing in it
+    (outcome.discard_unstarted); a resumed run's folder and a stopped run's are always kept."""
+    if cfg.experiment.resume or isinstance(err, Interrupted):
+        return False
+    return discard_unstarted(run_dir)
+
+
 def launch(cfg: RunConfig, overrides: list[str] | None = None, started=None) -> dict | None:
     """Run `cfg` on its backend; returns the summary in the process that wrote it.
 
@@ -130,6 +138,9 @@ def launch(cfg: RunConfig, overrides: list[str] | None = None, started=None) -> 
         lock = RunLock(run_dir)
         try:
             return _run(cfg, SimGroup(cfg.cluster.workers, net), _device(cfg, 0), run_dir, command)
+        except Exception as e:
+            _discard_if_unstarted(cfg, run_dir, e)
+            raise
         finally:
             lock.release()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
@@ -185,6 +196,10 @@ def _torchrun_worker(cfg: RunConfig, command: str, started=None) -> dict | None:
     group = DistGroup(NetworkModel.from_cfg(cfg.network), device)
     try:
         summary = _run(cfg, group, device, box[0], command)
+    except Exception as e:
+        if run_dir is not None:
+            _discard_if_unstarted(cfg, run_dir, e)
+        raise
     finally:
         if lock is not None:
             lock.release()
@@ -265,6 +280,11 @@ def _spawn(cfg: RunConfig, command: str, started=None) -> None:
     lock = RunLock(run_dir)
     try:
         _spawn_into(cfg, command, run_dir)
+    except WorkerFailed as e:
+        if not _discard_if_unstarted(cfg, run_dir, e):
+            raise
+        # the workers printed why; the folder this line pointed to is gone
+        raise WorkerFailed(f"{e.why}; the run failed before its first step, so no run folder was kept") from None
     finally:
         lock.release()
 
@@ -301,7 +321,7 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
         else:
             why = f"worker rank {rank} failed (exit code {code}); its message is above"
         _mark_failed(run_dir, why, diagnosis=silent is not None)
-        raise WorkerFailed(f"{why}; results so far are in {run_dir}")
+        raise WorkerFailed(f"{why}; results so far are in {run_dir}", why)
 
 
 def _interrupted(run_dir: str) -> Interrupted:

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import shlex
+import stat
 
 import yaml
 
@@ -124,6 +125,40 @@ def settle(run_dir: str, status: str, what: str) -> tuple[str, str, str]:
     message = stop_note(what, _recorded_steps(run_dir, summary), saved)
     _mark_failed(run_dir, message, status=status, resume=resume)
     return status, message, resume
+
+
+# what every new run folder holds before its first step: the records are still empty
+FRESH_FILES = frozenset({"config.yaml", "command.txt", "summary.json", ".lock", "steps.jsonl", "evals.jsonl",
+                         "ready.jsonl"})
+
+
+def discard_unstarted(run_dir: str) -> bool:
+    """Delete the new run folder `run_dir` when its run failed before recording anything (a
+    missing dataset, a cluster too big for memory): no step, evaluation or checkpoint, only the
+    files every run starts with, so a failed start leaves no empty run for plots and sweeps to
+    trip over. Never call it for a resumed run. True when the folder is gone."""
+    try:
+        names = set(os.listdir(run_dir))
+        entries = {n: os.lstat(os.path.join(run_dir, n)) for n in names}
+    except OSError:
+        return False
+    if not names <= FRESH_FILES or any(not stat.S_ISREG(e.st_mode) for e in entries.values()):
+        return False             # a checkpoint, model.pt, a tracker's files or a link: keep it all
+    if any(entries[n].st_size for n in ("steps.jsonl", "evals.jsonl", "ready.jsonl") if n in entries):
+        return False
+    if _read_summary(run_dir).get("status") not in (None, "running", "failed"):
+        return False             # diverged at its first step, or stopped: the folder says so
+    try:
+        for name in names:
+            os.unlink(os.path.join(run_dir, name))
+        os.rmdir(run_dir)
+    except OSError:
+        return False
+    try:
+        os.rmdir(os.path.dirname(run_dir))   # the experiment's folder, if this run was all it held
+    except OSError:
+        pass
+    return True
 
 
 def _mark_failed(run_dir: str, reason: str, diagnosis: bool = False, status: str = "failed", resume: str = "") -> None:
