@@ -161,6 +161,11 @@ class Method:
         it; None (the default) for methods with nothing to explain."""
         return None
 
+    def summarize(self, stats: RunStats) -> dict | None:
+        """Method-specific figures for summary.json's `method_summary` (from the run's records, as
+        `explain`), e.g. L-GreCo's per-layer CF histogram; None (the default) for none."""
+        return None
+
     def step_seed(self, step: int, level: int = 0, rank: int = 0) -> int:
         """Seed for a compressor's randomness: shared by all workers unless `rank` differs."""
         return step_seed(self.seed, step, level, rank)
