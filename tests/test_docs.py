@@ -116,6 +116,7 @@ SETTINGS = {
     "accordion": ["method.switch_freq=1"],                          # a regime check at step 4 (4 steps an epoch)
     "accordion_powersgd": ["method.switch_freq=1"],                 # the same with PowerSGD ranks
     "mergecomp": ["method.search=exhaustive", "method.warmup=0"],  # candidates timed and chosen at step 0
+    "lgreco": ["method.period=2", "method.accumulate=1"],          # solves at steps 2 and 4
 }
 
 
