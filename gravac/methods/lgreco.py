@@ -14,7 +14,8 @@ finds the assignment of least Σ s with Σ ceil(e / width) ≤ buckets in O(laye
 buckets): the rounding up means the chosen levels never exceed the budget on the errors the DP saw.
 Rank 0 broadcasts the levels; all workers compress every layer at its own CF from that step on.
 The first solve is at step `period` (a full period at the uniform default first), as in the code.
-Each layer keeps its own error-feedback residual (a segment of one flat memory), kept across level
+The solve (trial compressions and DP) is rank 0's compression time of that step, on the run's
+clock, since every worker waits for its broadcast. Each layer keeps its own error-feedback residual (a segment of one flat memory), kept across level
 changes, as the code keeps its per-bucket error across rank changes.
 
 Differences from the paper's public code (LGrCo/L-GreCo, hooks/lgreco_hook.py), and why:
@@ -197,6 +198,9 @@ class LGreco(CompressingMethod):
             self.add_to_window(c.comps[0])
         res = self.finish(c, extra=extra)
         if decision is not None:
+            decision, (measured, model) = decision
+            res.compress_s += measured                    # rank 0's solve holds up the step: timed as
+            res.compress_model_s = (res.compress_model_s or 0.0) + model      # compression, on the run's clock
             res.extra["lgreco_solve"] = {**decision, "floats_measured": res.floats_sent,
                                          "error_measured": self.measured_error(c)}
         return res
@@ -208,34 +212,45 @@ class LGreco(CompressingMethod):
         self.accum = comp.detach().clone() if self.accum is None else self.accum.add_(comp)
         self.count += 1
 
-    def solve_now(self, step: int) -> dict:
-        """Rank 0 solves on its averaged window and broadcasts; every worker takes the levels."""
-        out = None
+    def solve_now(self, step: int) -> tuple[dict, tuple[float, float]]:
+        """Rank 0 solves on its averaged window and broadcasts; every worker takes the levels.
+        Returns the record and the solve's seconds (measured, on the run's clock; 0 off rank 0)."""
+        out, spent = None, (0.0, 0.0)
         if self.group.is_main:
-            errors, sizes = self.table(self.accum / max(self.count, 1), step)
-            d = decide(errors, sizes, self.default, self.cfg.budget_scale, self.cfg.buckets)
-            out = {"levels": [self.cands[i] for i in d.choice], "error_budget": d.budget, "error_predicted": d.error,
-                   "error_default": float(errors[:, self.default].sum()), "floats_predicted": d.floats,
-                   "floats_default": d.default_floats, "fallback": d.fallback}
+            out, measured, model = self.worker_span(lambda: self.solve_on(self.accum / max(self.count, 1), step))
+            spent = (measured, model)
         self.accum, self.count = None, 0
         out = self.group.broadcast_object(out)
         levels = out.pop("levels")
         if levels != self.layer_cfs:
             self.layer_cfs, self.announced = levels, False
-        return out
+        return out, spent
+
+    def solve_on(self, a: torch.Tensor, step: int) -> dict:
+        """The error and size table of `a`, the DP's levels and what they predict (timed)."""
+        errors, sizes = self.table(a, step)
+        d = self.timed(self.op_key("lgreco_dp", buckets=self.cfg.buckets, candidates=self.cands),
+                       lambda: decide(errors, sizes, self.default, self.cfg.budget_scale, self.cfg.buckets))
+        return {"levels": [self.cands[i] for i in d.choice], "error_budget": d.budget, "error_predicted": d.error,
+                "error_default": float(errors[:, self.default].sum()), "floats_predicted": d.floats,
+                "floats_default": d.default_floats, "fallback": d.fallback}
 
     def table(self, a: torch.Tensor, step: int) -> tuple[np.ndarray, np.ndarray]:
         """Per layer and candidate: compression error of `a` and values sent (one trial per CF)."""
         errors = np.zeros((len(self.sizes), len(self.cands)))
         sizes = np.zeros_like(errors)
         for j, cf in enumerate(self.cands):
-            try:
-                p = self.compressor.compress(a, cf, seed=self.step_seed(step, level=1 + j))
-            except ValueError as e:
-                raise_diverged(e, step, self.name)
-            errors[:, j] = self.layer_errors(a, p)
-            sizes[:, j] = self.layer_counts(p)
+            errors[:, j], sizes[:, j] = self.timed(self.op_key("lgreco_trial", cf=cf),
+                                                   lambda: self.trial(a, cf, step, j))
         return errors, sizes
+
+    def trial(self, a: torch.Tensor, cf: float, step: int, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """One candidate: every layer of `a` compressed at `cf`; per-layer error and values sent."""
+        try:
+            p = self.compressor.compress(a, cf, seed=self.step_seed(step, level=1 + j))
+        except ValueError as e:
+            raise_diverged(e, step, self.name)
+        return self.layer_errors(a, p), self.layer_counts(p)
 
     def layer_errors(self, a: torch.Tensor, p) -> np.ndarray:
         """||a_l − C(a)_l|| per layer (squared with error=squared), in float64."""
