@@ -25,7 +25,7 @@ CANDS = [5, 20, 100, 400]
 
 
 def make(sizes=SIZES, workers=W, group=None, compressor="topk", **method):
-    m = dict(name="lgreco", candidates=CANDS, default_cf=20, period=3, accumulate=2)
+    m = dict(name="lgreco", candidates=CANDS, default_cf=20, period=3, window=2)
     m.update(method)
     cfg = make_run(method=m, compressor=dict(name=compressor, granularity="layer"))
     group = group or SimGroup(workers, NetworkModel.from_cfg(cfg.network))
@@ -173,10 +173,10 @@ def test_cli_single_candidate_equals_static_and_ddp_equals_sim(tmp_path):
     """Real training: method=lgreco with only the default equals static Top-k 20x loss for loss;
     L-GreCo with several candidates takes the same levels on cluster=ddp as on cluster=sim."""
     lg = ["method=lgreco", "method.candidates=[5,20,100,1000]", "method.default_cf=20", "method.period=3",
-          "method.accumulate=2", "train.steps=10"]
+          "method.window=2", "train.steps=10"]
     runs = {"static": ["method=static", "compressor.cf=20", "train.steps=6"],
             "single": ["method=lgreco", "method.candidates=[20]", "method.default_cf=20", "method.period=2",
-                       "method.accumulate=1", "train.steps=6"],
+                       "method.window=1", "train.steps=6"],
             "sim": [*lg, "cluster=sim"], "ddp": [*lg, "cluster=ddp"]}
     jobs = [dict(args=[*SMALL, f"experiment.results_root={tmp_path / k}", *v], timeout=300) for k, v in runs.items()]
     for k, r in zip(runs, run_cli_many(jobs)):
@@ -230,28 +230,86 @@ def test_checkpoint_resumes_the_same_decisions():
 def test_user_errors_are_one_line():
     with pytest.raises(Exception, match="default_cf=7 must be one of"):
         make(default_cf=7)
-    with pytest.raises(Exception, match="accumulate=5 must be <="):
-        make(accumulate=5)
+    with pytest.raises(Exception, match="window=5 must be <="):
+        make(window=5)
     with pytest.raises(UserError, match="granularity=layer"):
         cfg = make_run(method=dict(name="lgreco"), compressor=dict(name="topk", granularity="flat"))
         build_method(cfg, SimGroup(W, NetworkModel.from_cfg(cfg.network)), SIZES, torch.device("cpu"))
 
 
+# --- L-GreCo over Accordion -------------------------------------------------------------------------
+
+ACC = dict(name="lgreco_accordion", cf_low=5, cf_high=100, switch_freq=1, eta=0.5, period=3, window=2)
+
+
+def acc_grads(step: int, ranks=range(W)) -> list[torch.Tensor]:
+    """A steady direction (stable norms: Accordion goes high after its second check), layer 2 jumps
+    in epoch 3 (back to low there), spikes in layer 0 (cheap to compress further)."""
+    out = []
+    for r in ranks:
+        x = torch.randn(sum(SIZES), generator=torch.Generator().manual_seed(100 * step + r)) * 0.1
+        x += torch.linspace(1, 2, sum(SIZES))
+        x[:5] += 30.0
+        if step // 4 >= 3:
+            x[900:980] *= 4
+        out.append(x)
+    return out
+
+
+def acc_ctx(step: int) -> StepContext:
+    return StepContext(step=step, epoch=step / 4, lr=0.1, lr_decayed=False, compute_s=0.01, samples=W * 16)
+
+
+def test_accordion_levels_are_the_budget_lgreco_redistributes():
+    """At every solve the budget is the error of Accordion's per-layer levels in force (recomputed
+    here with torch.topk on rank 0's window), the choice stays within it and sends no more; a regime
+    change puts Accordion's own levels in force until the next solve."""
+    m = make(**ACC)
+    window, solves, mixed = [], 0, False
+    for s in range(20):
+        gs = acc_grads(s)
+        comp0 = gs[0] + m.memories[0][0].residual
+        res = m.step(gs, acc_ctx(s))
+        acc = [5.0 if low else 100.0 for low in m.regimes.low]
+        if "accordion_decision" in res.extra and "lgreco_solve" not in res.extra:
+            assert m.layer_cfs == acc
+        if "lgreco_solve" in res.extra:
+            solves += 1
+            rec, a = res.extra["lgreco_solve"], torch.stack(window).mean(0)
+            assert sum(topk_errors(a, SIZES, acc)) == pytest.approx(rec["error_budget"], rel=1e-6)
+            assert rec["floats_default"] == sum(target_k(n, c) for n, c in zip(SIZES, acc))
+            assert rec["error_predicted"] <= rec["error_budget"] and rec["floats_predicted"] <= rec["floats_default"]
+            mixed |= len(set(acc)) > 1
+            window = []
+        if s % 3 >= 1:
+            window.append(comp0)
+    assert solves == 6 and mixed
+
+
+def test_accordion_cfs_must_be_candidates():
+    with pytest.raises(Exception, match="cf_high=100 must be one of"):
+        make(**{**ACC, "candidates": [5, 20]})
+
+
 # --- two gloo processes take the same decisions as the simulated cluster -------------------------------
 
-def _work(rank: int) -> list:
+def _work(rank: int) -> dict:
     group = DistGroup(NetworkModel.from_cfg(RunConfig().network), torch.device("cpu"))
-    m = make(group=group)
-    return [(r.extra, r.floats_sent, r.grad) for r in (m.step(grads(s, [rank]), ctx(s)) for s in range(8))]
+    plain, acc = make(group=group), make(group=group, **ACC)
+    return {"lgreco": [(r.extra, r.floats_sent, r.grad) for r in (plain.step(grads(s, [rank]), ctx(s))
+                                                                 for s in range(8))],
+            "lgreco_accordion": [(r.extra, r.floats_sent, r.grad) for r in (acc.step(acc_grads(s, [rank]), acc_ctx(s))
+                                                                           for s in range(20))]}
 
 
 def test_ddp_ranks_agree_with_each_other_and_with_sim(tmp_path):
     ranks = gloo_ranks(_work, tmp_path, W, 240)
-    sim = make()
-    for s in range(8):
-        ref = sim.step(grads(s), ctx(s))
-        for rank in ranks:
-            extra, floats, grad = rank[s]
-            assert extra == ref.extra and floats == ref.floats_sent, s
-            torch.testing.assert_close(grad, ref.grad, rtol=1e-6, atol=1e-6)
-    assert any("lgreco_solve" in r[0] for r in ranks[0])
+    for name, m, g, c, steps in [("lgreco", make(), grads, ctx, 8), ("lgreco_accordion", make(**ACC), acc_grads, acc_ctx, 20)]:
+        for s in range(steps):
+            ref = m.step(g(s), c(s))
+            for rank in ranks:
+                extra, floats, grad = rank[name][s]
+                assert extra == ref.extra and floats == ref.floats_sent, (name, s)
+                torch.testing.assert_close(grad, ref.grad, rtol=1e-6, atol=1e-6)
+        assert any("lgreco_solve" in r[0] for r in ranks[0][name])
+    assert any("accordion_decision" in r[0] for r in ranks[0]["lgreco_accordion"])

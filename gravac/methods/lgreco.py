@@ -3,7 +3,7 @@ chosen by a dynamic program that minimises the floats sent subject to a total co
 no larger than that of a uniform default.
 
 Every `period` steps (the public code's `adjust_freq`) rank 0 takes the mean of its own
-error-compensated gradients over the last `accumulate` steps of the period (the code's `acc_iter`,
+error-compensated gradients over the last `window` steps of the period (the code's `acc_iter`,
 10), compresses it once per candidate CF (`candidates`, the same compressor as the training steps;
 each layer at that CF), and tabulates, per layer l and candidate c, the compression error
 e[l, c] = ||a_l − C_c(a_l)||₂ (the L2 norm, not squared, as the code's `torch.dist`; `error=squared`
@@ -63,7 +63,7 @@ class LGrecoCfg(MethodCfg):
     default_cf: float = option(100.0, check=lambda v: v >= 1, valid=">= 1",
                                doc="uniform CF whose total error is the budget (one of the candidates)")
     period: int = option(100, check=lambda v: v >= 1, valid=">= 1", doc="steps between solves (code: adjust_freq)")
-    accumulate: int = option(10, check=lambda v: v >= 1, valid=">= 1",
+    window: int = option(10, check=lambda v: v >= 1, valid=">= 1",
                              doc="last steps of a period whose compensated gradients are averaged (code: acc_iter)")
     buckets: int = option(10000, check=lambda v: v >= 1, valid=">= 1",
                           doc="error budget resolution of the DP (code: DPBUCKETS)")
@@ -77,8 +77,8 @@ class LGrecoCfg(MethodCfg):
         if _cfs_ok(self.candidates) and float(self.default_cf) not in [float(c) for c in self.candidates]:
             out.append(f"{prefix}.default_cf={self.default_cf:g} must be one of {prefix}.candidates="
                        f"{list(self.candidates)}, so that the uniform default is always a feasible choice")
-        if self.accumulate > self.period:
-            out.append(f"{prefix}.accumulate={self.accumulate} must be <= {prefix}.period={self.period}: "
+        if self.window > self.period:
+            out.append(f"{prefix}.window={self.window} must be <= {prefix}.period={self.period}: "
                        "the gradients averaged for a solve come from the period before it")
         return out
 
@@ -141,21 +141,22 @@ class Decision:
     fallback: str | None    # why the uniform default was kept, or None
 
 
-def decide(errors: np.ndarray, sizes: np.ndarray, default: int, scale: float, buckets: int) -> Decision:
+def decide(errors: np.ndarray, sizes: np.ndarray, default: int | list[int], scale: float, buckets: int) -> Decision:
     """L-GreCo's choice for an error and size table: the DP under budget = scale × the default's
-    total error, or the uniform default when the DP finds nothing that fits or nothing smaller."""
+    total error, or the default when the DP finds nothing that fits or nothing smaller. `default`:
+    the candidate index of every layer (uniform), or one per layer (Accordion's levels)."""
     errors, sizes = np.asarray(errors, dtype=np.float64), np.asarray(sizes, dtype=np.float64)
     layers = errors.shape[0]
     rows = np.arange(layers)
-    budget = scale * float(errors[:, default].sum())
-    uniform = [default] * layers
-    default_floats = float(sizes[:, default].sum())
+    base = [default] * layers if isinstance(default, int) else list(default)
+    budget = scale * float(errors[rows, base].sum())
+    default_floats = float(sizes[rows, base].sum())
     choice = solve(errors, sizes, budget, buckets)
     fallback = None
     if choice is None:
-        choice, fallback = uniform, "infeasible" if budget > 0 else "zero budget"
+        choice, fallback = base, "infeasible" if budget > 0 else "zero budget"
     elif float(sizes[rows, choice].sum()) > default_floats:
-        choice, fallback = uniform, "no smaller"
+        choice, fallback = base, "no smaller"
     return Decision(choice, budget, float(errors[rows, choice].sum()), float(sizes[rows, choice].sum()),
                     default_floats, fallback)
 
@@ -173,20 +174,25 @@ class LGreco(CompressingMethod):
         super().__init__(cfg, compressor, env)
         if compressor.granularity != "layer":
             raise UserError("method=lgreco chooses a CF per layer: set compressor.granularity=layer")
-        if self.compressor_cls.scheduled_cf(compressor, cfg.default_cf, 0.0) != cfg.default_cf:
+        if self.compressor_cls.scheduled_cf(compressor, self.start_cf(cfg), 0.0) != self.start_cf(cfg):
             raise UserError(f"method=lgreco chooses the CFs itself: switch off compressor={compressor.name}'s own "
                             "CF schedule (compressor.warmup_epochs=0)")
         self.cands = [float(c) for c in cfg.candidates]
-        self.default = self.cands.index(float(cfg.default_cf))
+        self.default = self.cands.index(self.start_cf(cfg))
         self.offsets = np.cumsum([0, *self.sizes]).tolist()
-        self.layer_cfs = [float(cfg.default_cf)] * len(self.sizes)
+        self.layer_cfs = [self.start_cf(cfg)] * len(self.sizes)
         self.accum: torch.Tensor | None = None     # rank 0 only: Σ compensated gradients of the window
         self.count = 0
         self.announced = False                       # levels written to the records since the last change
 
+    @staticmethod
+    def start_cf(cfg) -> float:
+        """Every layer's CF until the first solve: the uniform default."""
+        return float(cfg.default_cf)
+
     # --- one step -------------------------------------------------------------------------------
     def step(self, grads, ctx: StepContext) -> StepResult:
-        extra: dict = {}
+        extra = self.before(grads, ctx)
         decision = None
         if ctx.step > 0 and ctx.step % self.cfg.period == 0:
             decision = self.solve_now(ctx.step)
@@ -194,7 +200,7 @@ class LGreco(CompressingMethod):
             extra["lgreco_levels"] = list(self.layer_cfs)
             self.announced = True
         c = self.compress_all(grads, list(self.layer_cfs), ctx.step)
-        if ctx.step % self.cfg.period >= self.cfg.period - self.cfg.accumulate:
+        if ctx.step % self.cfg.period >= self.cfg.period - self.cfg.window:
             self.add_to_window(c.comps[0])
         res = self.finish(c, extra=extra)
         if decision is not None:
@@ -203,10 +209,18 @@ class LGreco(CompressingMethod):
             res.compress_model_s = (res.compress_model_s or 0.0) + model      # compression, on the run's clock
             res.extra["lgreco_solve"] = {**decision, "floats_measured": res.floats_sent,
                                          "error_measured": self.measured_error(c)}
+        self.after(res)
         return res
 
+    def before(self, grads, ctx: StepContext) -> dict:
+        """Record fields and level changes of a subclass before the step (none here)."""
+        return {}
+
+    def after(self, res: StepResult) -> None:
+        """A subclass's look at the averaged gradient (nothing here)."""
+
     def add_to_window(self, comp: torch.Tensor) -> None:
-        """Rank 0 sums its compensated gradient over the last `accumulate` steps of the period."""
+        """Rank 0 sums its compensated gradient over the last `window` steps of the period."""
         if not self.group.is_main:
             return
         self.accum = comp.detach().clone() if self.accum is None else self.accum.add_(comp)
@@ -229,11 +243,16 @@ class LGreco(CompressingMethod):
     def solve_on(self, a: torch.Tensor, step: int) -> dict:
         """The error and size table of `a`, the DP's levels and what they predict (timed)."""
         errors, sizes = self.table(a, step)
+        base = self.baseline()
         d = self.timed(self.op_key("lgreco_dp", buckets=self.cfg.buckets, candidates=self.cands),
-                       lambda: decide(errors, sizes, self.default, self.cfg.budget_scale, self.cfg.buckets))
+                       lambda: decide(errors, sizes, base, self.cfg.budget_scale, self.cfg.buckets))
         return {"levels": [self.cands[i] for i in d.choice], "error_budget": d.budget, "error_predicted": d.error,
-                "error_default": float(errors[:, self.default].sum()), "floats_predicted": d.floats,
+                "error_default": float(errors[np.arange(len(base)), base].sum()), "floats_predicted": d.floats,
                 "floats_default": d.default_floats, "fallback": d.fallback}
+
+    def baseline(self) -> list[int]:
+        """The candidate index per layer whose total error is the budget: the uniform default."""
+        return [self.default] * len(self.sizes)
 
     def table(self, a: torch.Tensor, step: int) -> tuple[np.ndarray, np.ndarray]:
         """Per layer and candidate: compression error of `a` and values sent (one trial per CF)."""
@@ -298,13 +317,13 @@ class LGreco(CompressingMethod):
     def explain(self, stats: RunStats) -> str | None:
         solves = [r for r in stats.records if "lgreco_solve" in r]
         if not solves:
-            return (f"L-GreCo sent every layer at the uniform default {self.cfg.default_cf:g}x for all {stats.steps} "
-                    f"steps: its first solve is at step method.period={self.cfg.period}; try a smaller method.period "
-                    "or a longer run")
+            return (f"L-GreCo never solved in {stats.steps} steps (its first solve is at step method.period="
+                    f"{self.cfg.period}), so every layer kept its starting CF {self.start_cf(self.cfg):g}x; try a smaller "
+                    "method.period or a longer run")
         last = solves[-1]["lgreco_solve"]
         hist = ", ".join(f"{k}x: {v}" for k, v in self.level_histogram(stats).items())
         kept = sum(1 for r in solves if r["lgreco_solve"]["fallback"])
-        return (f"L-GreCo solved {len(solves)} time(s) ({kept} kept the uniform default); last solve predicts "
+        return (f"L-GreCo solved {len(solves)} time(s) ({kept} kept the default levels); last solve predicts "
                 f"{last['floats_predicted']:.4g} floats per step against the default's {last['floats_default']:.4g} "
                 f"at error {last['error_predicted']:.4g} <= budget {last['error_budget']:.4g}; layer-steps per CF: {hist}; "
                 f"{stats.fewer_than_dense(self.numel):.1f}x fewer floats than dense")
