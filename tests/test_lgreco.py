@@ -232,8 +232,13 @@ def test_user_errors_are_one_line():
         make(default_cf=7)
     with pytest.raises(Exception, match="window=5 must be <="):
         make(window=5)
+    with pytest.raises(Exception, match="^method=lgreco chooses a CF per layer: set compressor.granularity=layer$"):
+        make_run(method=dict(name="lgreco"), compressor=dict(name="topk", granularity="flat"))
+    with pytest.raises(Exception, match="warmup_epochs=0"):
+        make_run(method=dict(name="lgreco"), compressor=dict(name="dgc", warmup_epochs=1.0))
+    cfg = make_run(method=dict(name="lgreco"), compressor=dict(name="topk"))
+    cfg.compressor.granularity = "flat"                     # past the config check: the method refuses too
     with pytest.raises(UserError, match="granularity=layer"):
-        cfg = make_run(method=dict(name="lgreco"), compressor=dict(name="topk", granularity="flat"))
         build_method(cfg, SimGroup(W, NetworkModel.from_cfg(cfg.network)), SIZES, torch.device("cpu"))
 
 

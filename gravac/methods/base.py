@@ -210,6 +210,12 @@ class Method:
         return cfg.name
 
     @classmethod
+    def config_errors(cls, cfg: MethodCfg, comp: CompressorCfg) -> list[str]:
+        """One line per way the method's and the compressor's settings do not fit together
+        (checked with the config, before a run starts); none by default."""
+        return []
+
+    @classmethod
     def ignores(cls, cfg: MethodCfg, comp: CompressorCfg) -> list[str]:
         """Config key prefixes the method does not use (so plots ignore them)."""
         return [] if cls.needs_compressor else ["compressor."]

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from compressors import COMPRESSORS
 from gravac.core.errors import UserError
 from gravac.core.registry import option
 from gravac.core.schema import MethodCfg
@@ -172,11 +173,9 @@ class LGreco(CompressingMethod):
 
     def __init__(self, cfg: LGrecoCfg, compressor, env):
         super().__init__(cfg, compressor, env)
-        if compressor.granularity != "layer":
-            raise UserError("method=lgreco chooses a CF per layer: set compressor.granularity=layer")
-        if self.compressor_cls.scheduled_cf(compressor, self.start_cf(cfg), 0.0) != self.start_cf(cfg):
-            raise UserError(f"method=lgreco chooses the CFs itself: switch off compressor={compressor.name}'s own "
-                            "CF schedule (compressor.warmup_epochs=0)")
+        errors = self.config_errors(cfg, compressor)
+        if errors:
+            raise UserError(errors[0])
         self.cands = [float(c) for c in cfg.candidates]
         self.default = self.cands.index(self.start_cf(cfg))
         self.offsets = np.cumsum([0, *self.sizes]).tolist()
@@ -329,6 +328,17 @@ class LGreco(CompressingMethod):
                 f"{stats.fewer_than_dense(self.numel):.1f}x fewer floats than dense")
 
     # --- what a configuration means ---------------------------------------------------------------
+    @classmethod
+    def config_errors(cls, cfg, comp) -> list[str]:
+        """Per-layer CFs need layer granularity, and a compressor whose own CF schedule is off."""
+        if comp.granularity != "layer":
+            return [f"method={cfg.name} chooses a CF per layer: set compressor.granularity=layer"]
+        start = cls.start_cf(cfg)
+        if COMPRESSORS[comp.name].target.scheduled_cf(comp, start, 0.0) != start:
+            return [f"method={cfg.name} chooses the CFs itself: switch off compressor={comp.name}'s own CF schedule "
+                    "(compressor.warmup_epochs=0)"]
+        return []
+
     @classmethod
     def label(cls, cfg: LGrecoCfg, comp) -> str:
         return f"L-GreCo ({comp.name}, budget {cfg.budget_scale:g}x uniform {cfg.default_cf:g}x)"
