@@ -169,7 +169,7 @@ def decide(errors: np.ndarray, sizes: np.ndarray, default: int | list[int], scal
 class LGreco(CompressingMethod):
     """Per-layer CFs re-chosen every `period` steps by L-GreCo's dynamic program; see module doc."""
     name = "lgreco"
-    order = 3
+    order = 4
 
     def __init__(self, cfg: LGrecoCfg, compressor, env):
         super().__init__(cfg, compressor, env)

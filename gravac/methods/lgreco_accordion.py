@@ -49,7 +49,7 @@ class LGrecoAccordionCfg(RegimeCfg, LGrecoCfg):
 class LGrecoAccordion(LGreco):
     """L-GreCo whose budget is the error of Accordion's per-layer levels; see module doc."""
     name = "lgreco_accordion"
-    order = 3
+    order = 4
 
     def __init__(self, cfg: LGrecoAccordionCfg, compressor, env):
         super().__init__(cfg, compressor, env)
