@@ -116,6 +116,8 @@ SETTINGS = {
     "accordion": ["method.switch_freq=1"],                          # a regime check at step 4 (4 steps an epoch)
     "accordion_powersgd": ["method.switch_freq=1"],                 # the same with PowerSGD ranks
     "mergecomp": ["method.search=exhaustive", "method.warmup=0"],  # candidates timed and chosen at step 0
+    "lgreco": ["method.period=2", "method.window=1"],          # solves at steps 2 and 4
+    "lgreco_accordion": ["method.period=2", "method.window=1", "method.switch_freq=1"],   # and a check at 4
 }
 
 

@@ -159,6 +159,9 @@ def _check(run: RunConfig) -> None:
             raise ConfigError(f"method.probe_cfs needs multi-level compression, which compressor={c.name} (a "
                               f"quantizer) cannot do: leave method.probe_cfs empty, or use a sparsifier "
                               f"({_sparsifiers(comps)})")
+    fit = method_class(m.name).config_errors(m, c) if c.name in comps else []
+    if fit:
+        raise ConfigError(fit[0])
     task = registries()["model"][run.model.name].spec.task
     data_task = registries()["dataset"][run.dataset.name].spec.task
     if task != data_task:

@@ -35,6 +35,7 @@ class Summary:
         self.target_hit: dict | None = None
         self.error: str | None = None
         self.explanation: str | None = None    # the method's closing line (Method.explain)
+        self.method_summary: dict | None = None   # the method's own figures (Method.summarize)
         self.resume_command: str | None = None   # set when a stop checkpointed the run
         self.cf_hist: dict[str, int] = {}
         self.setting = method_class(cfg.method.name).describe(cfg.method, cfg.compressor)
@@ -52,7 +53,7 @@ class Summary:
     def state_dict(self) -> dict:
         """Counters to carry over a checkpoint (configuration and clocks are rebuilt)."""
         skip = {"cfg", "net", "t0", "elapsed_before", "setting", "clock", "total_steps",  # total: this command's
-                "explanation", "resume_command"}
+                "explanation", "method_summary", "resume_command"}
         state = {k: v for k, v in vars(self).items() if k not in skip}
         state["elapsed_s"] = self.wall_s()
         return state
@@ -115,4 +116,5 @@ class Summary:
             "cf_histogram": self.cf_hist,
             "target_reached": self.target_hit,
             "explanation": self.explanation,
+            "method_summary": self.method_summary,
         }

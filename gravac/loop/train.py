@@ -118,10 +118,14 @@ def start_step(cfg: RunConfig, parts: Parts, net, ckpt: Checkpointer | None, wri
     return 0
 
 
-def explain(method, writer, spe: int) -> str | None:
-    """The method's one-line account of what it did over the whole run (on the writing process)."""
+def explain(method, writer, spe: int) -> tuple[str | None, dict | None]:
+    """The method's one-line account of what it did over the whole run and its own summary figures
+    (on the writing process)."""
     records = writer.records()
-    return method.explain(RunStats(records, spe)) if records else None
+    if not records:
+        return None, None
+    stats = RunStats(records, spe)
+    return method.explain(stats), method.summarize(stats)
 
 
 class Cadence:
@@ -199,7 +203,7 @@ def train(cfg: RunConfig, group: Group, device: torch.device, writer, tracker_fa
                     save(step + 1)
                     raise Interrupted(f"interrupted at step {step + 1}; checkpoint saved", resume_cmd)
             status = "completed"
-            summary.explanation = explain(method, writer, parts.spe)
+            summary.explanation, summary.method_summary = explain(method, writer, parts.spe)
             writer.save_model(parts.model.state_dict())
         except DivergedError as e:
             status = "diverged"

@@ -161,6 +161,11 @@ class Method:
         it; None (the default) for methods with nothing to explain."""
         return None
 
+    def summarize(self, stats: RunStats) -> dict | None:
+        """Method-specific figures for summary.json's `method_summary` (from the run's records, as
+        `explain`), e.g. L-GreCo's per-layer CF histogram; None (the default) for none."""
+        return None
+
     def step_seed(self, step: int, level: int = 0, rank: int = 0) -> int:
         """Seed for a compressor's randomness: shared by all workers unless `rank` differs."""
         return step_seed(self.seed, step, level, rank)
@@ -203,6 +208,12 @@ class Method:
     def label(cls, cfg: MethodCfg, comp: CompressorCfg) -> str:
         """Human-readable name of the setting, for plots and tables."""
         return cfg.name
+
+    @classmethod
+    def config_errors(cls, cfg: MethodCfg, comp: CompressorCfg) -> list[str]:
+        """One line per way the method's and the compressor's settings do not fit together
+        (checked with the config, before a run starts); none by default."""
+        return []
 
     @classmethod
     def ignores(cls, cfg: MethodCfg, comp: CompressorCfg) -> list[str]:

@@ -1,0 +1,356 @@
+"""L-GreCo (Alimohammadi, Markov, Frantar, Alistarh, MLSys 2024, arXiv 2210.17357): per-layer CFs
+chosen by a dynamic program that minimises the floats sent subject to a total compression error
+no larger than that of a uniform default.
+
+Every `period` steps (the public code's `adjust_freq`) rank 0 takes the mean of its own
+error-compensated gradients over the last `window` steps of the period (the code's `acc_iter`,
+10), compresses it once per candidate CF (`candidates`, the same compressor as the training steps;
+each layer at that CF), and tabulates, per layer l and candidate c, the compression error
+e[l, c] = ||a_l − C_c(a_l)||₂ (the L2 norm, not squared, as the code's `torch.dist`; `error=squared`
+uses ||·||²) and the values the layer sends, s[l, c]. The budget is `budget_scale` (the code's
+`alpha`, 1) times the error of the uniform default, Σ_l e[l, default_cf]. The DP discretises errors
+into `buckets` (the code's DPBUCKETS, 10000) of width budget / buckets, rounding each e[l, c] up, and
+finds the assignment of least Σ s with Σ ceil(e / width) ≤ buckets in O(layers × candidates ×
+buckets): the rounding up means the chosen levels never exceed the budget on the errors the DP saw.
+Rank 0 broadcasts the levels; all workers compress every layer at its own CF from that step on.
+The first solve is at step `period` (a full period at the uniform default first), as in the code.
+The solve (trial compressions and DP) is rank 0's compression time of that step, on the run's
+clock, since every worker waits for its broadcast. Each layer keeps its own error-feedback residual (a segment of one flat memory), kept across level
+changes, as the code keeps its per-bucket error across rank changes.
+
+Differences from the paper's public code (LGrCo/L-GreCo, hooks/lgreco_hook.py), and why:
+- The code adapts PowerSGD ranks only (candidates: ranks 0.5r..2r, sizes (n+m)·rank); here the
+  candidates are CFs of this suite's sparsifiers (Top-k, DGC, RedSync, Random-k) and the sizes are
+  the values each layer actually sent in the trial compression (floats sent, the suite's measure).
+  PowerSGD ranks are not offered (the suite's PowerSGD method is not a CF compressor).
+- Errors are measured by compressing the averaged gradient with the compressor itself (Top-k's
+  error follows exactly; randomised compressors are drawn from a fixed per-step seed), not by SVD or
+  power iterations (which only apply to low-rank compression).
+- The code clamps every discretised error to at least one bucket and requires the total to be at
+  most buckets − 1 (artefacts of its array slicing); here an exact zero error costs zero buckets
+  and the total may reach `buckets`. When rounding makes the problem infeasible or its optimum
+  sends more than the uniform default, the uniform default is kept (the code keeps the previous
+  levels when infeasible): L-GreCo never sends more than the default it was asked to beat.
+- The code scales the accumulated gradient by delta/acc_iter (1e-2/10); here it is the plain mean
+  (a common scale changes no decision).
+- The code runs PowerSGD's own dense warm-up (start_powerSGD_iter=1000); a dense warm-up is not
+  part of L-GreCo and is not done here, so `candidates=[default_cf]` is exactly method=static.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from compressors import COMPRESSORS
+from gravac.core.errors import UserError
+from gravac.core.registry import option
+from gravac.core.schema import MethodCfg
+from gravac.methods.base import METHODS, CompressingMethod, RunStats, StepContext, StepResult, raise_diverged
+
+
+def _cfs_ok(v) -> bool:
+    return isinstance(v, (list, tuple)) and len(v) >= 1 and all(isinstance(x, (int, float)) and x >= 1 for x in v)
+
+
+@dataclass
+class LGrecoCfg(MethodCfg):
+    """L-GreCo's options; defaults from the public code where it has them (see the module doc)."""
+    candidates: list = option(factory=lambda: [10, 20, 50, 100, 200, 1000], check=_cfs_ok,
+                              valid="a non-empty list of CFs >= 1", doc="CFs a layer may use")
+    default_cf: float = option(100.0, check=lambda v: v >= 1, valid=">= 1",
+                               doc="uniform CF whose total error is the budget (one of the candidates)")
+    period: int = option(100, check=lambda v: v >= 1, valid=">= 1", doc="steps between solves (code: adjust_freq)")
+    window: int = option(10, check=lambda v: v >= 1, valid=">= 1",
+                             doc="last steps of a period whose compensated gradients are averaged (code: acc_iter)")
+    buckets: int = option(10000, check=lambda v: v >= 1, valid=">= 1",
+                          doc="error budget resolution of the DP (code: DPBUCKETS)")
+    budget_scale: float = option(1.0, check=lambda v: v > 0, valid="> 0",
+                                 doc="budget = this x the default's total error (code: alpha)")
+    error: str = option("norm", choices=("norm", "squared"),
+                        doc="per-layer error ||g - C(g)|| (code) | ||g - C(g)||^2")
+
+    def errors(self, prefix: str) -> list[str]:
+        out = []
+        if _cfs_ok(self.candidates) and float(self.default_cf) not in [float(c) for c in self.candidates]:
+            out.append(f"{prefix}.default_cf={self.default_cf:g} must be one of {prefix}.candidates="
+                       f"{list(self.candidates)}, so that the uniform default is always a feasible choice")
+        if self.window > self.period:
+            out.append(f"{prefix}.window={self.window} must be <= {prefix}.period={self.period}: "
+                       "the gradients averaged for a solve come from the period before it")
+        return out
+
+
+# --- the dynamic program (pure numbers) -----------------------------------------------------------
+
+def discretise(errors: np.ndarray, budget: float, buckets: int) -> np.ndarray:
+    """Errors in buckets of width budget / buckets, rounded up (never below the real error);
+    anything above the budget becomes buckets + 1 (infeasible on its own)."""
+    width = budget / buckets
+    d = np.ceil(np.asarray(errors, dtype=np.float64) / width)
+    return np.minimum(d, buckets + 1).astype(np.int64)
+
+
+def solve(errors: np.ndarray, sizes: np.ndarray, budget: float, buckets: int) -> list[int] | None:
+    """The candidate index per layer minimising Σ sizes subject to Σ ceil(error / width) ≤ buckets
+    (width = budget / buckets), or None when nothing fits. errors, sizes: [layers, candidates].
+
+    best[b] is the least size of the layers so far with discretised error exactly b; each layer
+    adds one shifted copy per candidate, so the work is layers × candidates × buckets. Among
+    assignments of least size the one of least discretised error is returned."""
+    if not (budget > 0 and math.isfinite(budget)):
+        return None
+    d = discretise(errors, budget, buckets)
+    sizes = np.asarray(sizes, dtype=np.float64)
+    layers, cands = d.shape
+    best = np.full(buckets + 1, np.inf)
+    best[0] = 0.0
+    choice = np.full((layers, buckets + 1), -1, dtype=np.int32)
+    for l in range(layers):
+        new = np.full(buckets + 1, np.inf)
+        for c in range(cands):
+            dc = int(d[l, c])
+            if dc > buckets:
+                continue
+            cand = best[:buckets + 1 - dc] + sizes[l, c]
+            better = cand < new[dc:]
+            new[dc:][better] = cand[better]
+            choice[l, dc:][better] = c
+        best = new
+    if not np.isfinite(best).any():
+        return None
+    b = int(np.argmin(best))
+    out = [0] * layers
+    for l in range(layers - 1, -1, -1):
+        c = int(choice[l, b])
+        out[l] = c
+        b -= int(d[l, c])
+    return out
+
+
+@dataclass
+class Decision:
+    """A solve's outcome: the candidate index per layer and what it predicts."""
+    choice: list[int]
+    budget: float
+    error: float            # Σ error of the choice (on the table)
+    floats: float           # Σ size of the choice
+    default_floats: float   # Σ size of the uniform default
+    fallback: str | None    # why the uniform default was kept, or None
+
+
+def decide(errors: np.ndarray, sizes: np.ndarray, default: int | list[int], scale: float, buckets: int) -> Decision:
+    """L-GreCo's choice for an error and size table: the DP under budget = scale × the default's
+    total error, or the default when the DP finds nothing that fits or nothing smaller. `default`:
+    the candidate index of every layer (uniform), or one per layer (Accordion's levels)."""
+    errors, sizes = np.asarray(errors, dtype=np.float64), np.asarray(sizes, dtype=np.float64)
+    layers = errors.shape[0]
+    rows = np.arange(layers)
+    base = [default] * layers if isinstance(default, int) else list(default)
+    budget = scale * float(errors[rows, base].sum())
+    default_floats = float(sizes[rows, base].sum())
+    choice = solve(errors, sizes, budget, buckets)
+    fallback = None
+    if choice is None:
+        choice, fallback = base, "infeasible" if budget > 0 else "zero budget"
+    elif float(sizes[rows, choice].sum()) > default_floats:
+        choice, fallback = base, "no smaller"
+    return Decision(choice, budget, float(errors[rows, choice].sum()), float(sizes[rows, choice].sum()),
+                    default_floats, fallback)
+
+
+# --- the method --------------------------------------------------------------------------------------
+
+@METHODS.register("lgreco", LGrecoCfg, doc="L-GreCo: per-layer CFs by a DP under the uniform default's error "
+                                           "(Alimohammadi et al. 2024)")
+class LGreco(CompressingMethod):
+    """Per-layer CFs re-chosen every `period` steps by L-GreCo's dynamic program; see module doc."""
+    name = "lgreco"
+    order = 4
+
+    def __init__(self, cfg: LGrecoCfg, compressor, env):
+        super().__init__(cfg, compressor, env)
+        errors = self.config_errors(cfg, compressor)
+        if errors:
+            raise UserError(errors[0])
+        self.cands = [float(c) for c in cfg.candidates]
+        self.default = self.cands.index(self.start_cf(cfg))
+        self.offsets = np.cumsum([0, *self.sizes]).tolist()
+        self.layer_cfs = [self.start_cf(cfg)] * len(self.sizes)
+        self.accum: torch.Tensor | None = None     # rank 0 only: Σ compensated gradients of the window
+        self.count = 0
+        self.announced = False                       # levels written to the records since the last change
+
+    @staticmethod
+    def start_cf(cfg) -> float:
+        """Every layer's CF until the first solve: the uniform default."""
+        return float(cfg.default_cf)
+
+    # --- one step -------------------------------------------------------------------------------
+    def step(self, grads, ctx: StepContext) -> StepResult:
+        extra = self.before(grads, ctx)
+        decision = None
+        if ctx.step > 0 and ctx.step % self.cfg.period == 0:
+            decision = self.solve_now(ctx.step)
+        if not self.announced:
+            extra["lgreco_levels"] = list(self.layer_cfs)
+            self.announced = True
+        c = self.compress_all(grads, list(self.layer_cfs), ctx.step)
+        if ctx.step % self.cfg.period >= self.cfg.period - self.cfg.window:
+            self.add_to_window(c.comps[0])
+        res = self.finish(c, extra=extra)
+        if decision is not None:
+            decision, (measured, model) = decision
+            res.compress_s += measured                    # rank 0's solve holds up the step: timed as
+            res.compress_model_s = (res.compress_model_s or 0.0) + model      # compression, on the run's clock
+            res.extra["lgreco_solve"] = {**decision, "floats_measured": res.floats_sent,
+                                         "error_measured": self.measured_error(c)}
+        self.after(res)
+        return res
+
+    def before(self, grads, ctx: StepContext) -> dict:
+        """Record fields and level changes of a subclass before the step (none here)."""
+        return {}
+
+    def after(self, res: StepResult) -> None:
+        """A subclass's look at the averaged gradient (nothing here)."""
+
+    def add_to_window(self, comp: torch.Tensor) -> None:
+        """Rank 0 sums its compensated gradient over the last `window` steps of the period."""
+        if not self.group.is_main:
+            return
+        self.accum = comp.detach().clone() if self.accum is None else self.accum.add_(comp)
+        self.count += 1
+
+    def solve_now(self, step: int) -> tuple[dict, tuple[float, float]]:
+        """Rank 0 solves on its averaged window and broadcasts; every worker takes the levels.
+        Returns the record and the solve's seconds (measured, on the run's clock; 0 off rank 0)."""
+        out, spent = None, (0.0, 0.0)
+        if self.group.is_main:
+            out, measured, model = self.worker_span(lambda: self.solve_on(self.accum / max(self.count, 1), step))
+            spent = (measured, model)
+        self.accum, self.count = None, 0
+        out = self.group.broadcast_object(out)
+        levels = out.pop("levels")
+        if levels != self.layer_cfs:
+            self.layer_cfs, self.announced = levels, False
+        return out, spent
+
+    def solve_on(self, a: torch.Tensor, step: int) -> dict:
+        """The error and size table of `a`, the DP's levels and what they predict (timed)."""
+        errors, sizes = self.table(a, step)
+        base = self.baseline()
+        d = self.timed(self.op_key("lgreco_dp", buckets=self.cfg.buckets, candidates=self.cands),
+                       lambda: decide(errors, sizes, base, self.cfg.budget_scale, self.cfg.buckets))
+        return {"levels": [self.cands[i] for i in d.choice], "error_budget": d.budget, "error_predicted": d.error,
+                "error_default": float(errors[np.arange(len(base)), base].sum()), "floats_predicted": d.floats,
+                "floats_default": d.default_floats, "fallback": d.fallback}
+
+    def baseline(self) -> list[int]:
+        """The candidate index per layer whose total error is the budget: the uniform default."""
+        return [self.default] * len(self.sizes)
+
+    def table(self, a: torch.Tensor, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer and candidate: compression error of `a` and values sent (one trial per CF)."""
+        errors = np.zeros((len(self.sizes), len(self.cands)))
+        sizes = np.zeros_like(errors)
+        for j, cf in enumerate(self.cands):
+            errors[:, j], sizes[:, j] = self.timed(self.op_key("lgreco_trial", cf=cf),
+                                                   lambda: self.trial(a, cf, step, j))
+        return errors, sizes
+
+    def trial(self, a: torch.Tensor, cf: float, step: int, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """One candidate: every layer of `a` compressed at `cf`; per-layer error and values sent."""
+        try:
+            p = self.compressor.compress(a, cf, seed=self.step_seed(step, level=1 + j))
+        except ValueError as e:
+            raise_diverged(e, step, self.name)
+        return self.layer_errors(a, p), self.layer_counts(p)
+
+    def layer_errors(self, a: torch.Tensor, p) -> np.ndarray:
+        """||a_l − C(a)_l|| per layer (squared with error=squared), in float64."""
+        diff = (a - p.dense()).double()
+        sq = np.array([float(diff[o:o + n].square().sum()) for o, n in zip(self.offsets, self.sizes)])
+        return sq if self.cfg.error == "squared" else np.sqrt(sq)
+
+    def layer_counts(self, p) -> np.ndarray:
+        """Values the payload holds per layer (a dense payload: every element)."""
+        if p.indices is None:
+            return np.asarray(self.sizes, dtype=np.float64)
+        seg = np.searchsorted(np.asarray(self.offsets[1:-1]), p.indices.cpu().numpy(), side="right")
+        return np.bincount(seg, minlength=len(self.sizes)).astype(np.float64)
+
+    def measured_error(self, c) -> float:
+        """This step's total error at the new levels, mean over workers: Σ_l ||g_l − sent_l|| of each
+        worker's compensated gradient (gathered for the record only, not a cost)."""
+        mine = [[float(self.layer_errors(comp, p).sum())] for comp, p in zip(c.comps, c.payloads)]
+        rows = self.group.bookkeeping(mine)
+        return sum(r[0] for r in rows) / len(rows)
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "levels": list(self.layer_cfs), "count": self.count,
+                "accum": None if self.accum is None else self.accum.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.layer_cfs, self.count, self.announced = list(state["levels"]), state["count"], False
+        self.accum = None if state["accum"] is None else state["accum"].to(self.device).clone()
+
+    # --- what it did ------------------------------------------------------------------------------
+    def level_histogram(self, stats: RunStats) -> dict[str, int]:
+        """Layer-steps at each CF over the run, from the levels the records announce."""
+        counts: Counter = Counter()
+        levels: list | None = None
+        for r in stats.records:
+            levels = r.get("lgreco_levels", levels)
+            counts.update(f"{cf:g}" for cf in levels or [])
+        return {k: counts[k] for k in sorted(counts, key=float)}
+
+    def summarize(self, stats: RunStats) -> dict | None:
+        return {"layer_cf_histogram": self.level_histogram(stats)}
+
+    def explain(self, stats: RunStats) -> str | None:
+        solves = [r for r in stats.records if "lgreco_solve" in r]
+        if not solves:
+            return (f"L-GreCo never solved in {stats.steps} steps (its first solve is at step method.period="
+                    f"{self.cfg.period}), so every layer kept its starting CF {self.start_cf(self.cfg):g}x; try a smaller "
+                    "method.period or a longer run")
+        last = solves[-1]["lgreco_solve"]
+        hist = ", ".join(f"{k}x: {v}" for k, v in self.level_histogram(stats).items())
+        kept = sum(1 for r in solves if r["lgreco_solve"]["fallback"])
+        return (f"L-GreCo solved {len(solves)} time(s) ({kept} kept the default levels); last solve predicts "
+                f"{last['floats_predicted']:.4g} floats per step against the default's {last['floats_default']:.4g} "
+                f"at error {last['error_predicted']:.4g} <= budget {last['error_budget']:.4g}; layer-steps per CF: {hist}; "
+                f"{stats.fewer_than_dense(self.numel):.1f}x fewer floats than dense")
+
+    # --- what a configuration means ---------------------------------------------------------------
+    @classmethod
+    def config_errors(cls, cfg, comp) -> list[str]:
+        """Per-layer CFs need layer granularity, and a compressor whose own CF schedule is off."""
+        if comp.granularity != "layer":
+            return [f"method={cfg.name} chooses a CF per layer: set compressor.granularity=layer"]
+        start = cls.start_cf(cfg)
+        if COMPRESSORS[comp.name].target.scheduled_cf(comp, start, 0.0) != start:
+            return [f"method={cfg.name} chooses the CFs itself: switch off compressor={comp.name}'s own CF schedule "
+                    "(compressor.warmup_epochs=0)"]
+        return []
+
+    @classmethod
+    def label(cls, cfg: LGrecoCfg, comp) -> str:
+        return f"L-GreCo ({comp.name}, budget {cfg.budget_scale:g}x uniform {cfg.default_cf:g}x)"
+
+    @classmethod
+    def cf_text(cls, cfg: LGrecoCfg, comp) -> str:
+        return f"{min(cfg.candidates):g}x–{max(cfg.candidates):g}x per layer"
+
+    @classmethod
+    def sort_values(cls, cfg: LGrecoCfg, comp):
+        return [cfg.default_cf]
+
+    @classmethod
+    def state_bytes(cls, cfg, comp, numel, momentum):
+        return super().state_bytes(cfg, comp, numel, momentum) + 4 * numel    # + rank 0's window sum
