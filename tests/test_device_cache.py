@@ -321,3 +321,49 @@ def test_a_run_refused_an_op_cost_can_resume_extending_the_device(tmp_path):
     extend = dataclasses.replace(cfg, clock=dataclasses.replace(cfg.clock, extend_machine=True),
                                  experiment=dataclasses.replace(cfg.experiment, resume=str(run)))
     assert check_resume(extend) == str(run)
+
+
+@pytest.fixture
+def reference(tmp_path, monkeypatch):
+    """A stand-in for the committed study device (results/reference/device), holding the profile of
+    build()'s two-layer run, and one thread in this process (as the study device was measured)."""
+    import gravac.cluster.clock as clock_mod
+    import gravac.cluster.profile as profile_mod
+    ref = tmp_path / "reference"
+    build(ref, machine="reference-cpu", extend_machine=True)
+    monkeypatch.setattr(profile_mod, "REFERENCE_DIR", ref)
+    monkeypatch.setattr(clock_mod, "REFERENCE_DIR", ref)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield ref
+    torch.set_num_threads(threads)
+
+
+def test_auto_takes_the_study_device_when_it_holds_the_runs_profile(reference, tmp_path):
+    before = (reference / "devices.json").read_text()
+    clock, workers, lines = build(tmp_path / "host")
+    assert (clock.profile.machine, clock.profile.source, workers.calls) == ("reference-cpu", "cached", 0)
+    assert lines[0].startswith("clock: modelled times from the study device 'reference-cpu'")
+    # what the device lacks is this host's, for this run only: said once, never written into the device
+    for op in ("topk:x:compress(cf=10)", "topk:x:compensate()"):
+        clock.costs.cost(op, lambda: None, 0.002)
+    assert [line for line in lines if "lacks" in line] == [
+        "compression costs device 'reference-cpu' lacks are measured on this host "
+        f"({clock.costs.host}) for this run only, first topk:x:compress(cf=10); summary.json's clock.measured_here "
+        "lists them"]
+    assert clock.measured_here()["op_costs"] == ["topk:x:compress(cf=10)", "topk:x:compensate()"]
+    assert (reference / "devices.json").read_text() == before and not (reference / "ops.json").exists()
+
+
+@pytest.mark.parametrize("differs", [dict(layers=3), dict(threads=2)])
+def test_auto_profiles_this_host_for_another_model_or_thread_count(reference, tmp_path, differs):
+    torch.set_num_threads(differs.get("threads", 1))
+    clock, workers, lines = build(tmp_path / "host", layers=differs.get("layers", 2))
+    assert workers.calls == 1 and clock.profile.machine.startswith("torch ")   # this host's key
+    assert not any("study device" in line for line in lines)
+
+
+def test_extend_machine_needs_a_named_device_not_auto():
+    from gravac.config.compose import ConfigError
+    with pytest.raises(ConfigError, match="extend_machine=true adds to a named device"):
+        make_run(clock=dict(machine="auto", extend_machine=True))

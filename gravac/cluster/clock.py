@@ -17,14 +17,30 @@ import torch
 
 from gravac.core.errors import UserError
 from gravac.cluster.profile import (
+    REFERENCE_DEVICE,
+    REFERENCE_DIR,
     DeviceProfile,
     fingerprint,
     load_or_measure_profile,
     machine_key,
     profile_dir,
+    reference_holds,
 )
 from gravac.cluster.opcosts import OpCosts
 from gravac.cluster.timeline import Piece, buckets, schedule
+
+
+def _auto_device(cfg, threads: int, key: str, parameters: int, group, cache, say) -> tuple[str, object, bool]:
+    """clock.machine=auto: the committed study device when it holds this run's profile and the run
+    computes as it was measured (CPU, one thread, native numerics), so that modelled times do not
+    depend on the host; else this host ("" and its own cache). Returns (machine, cache, borrow)."""
+    fits = cfg.cluster.device == "cpu" and threads == 1 and cfg.cluster.numerics == "native"
+    found = group.broadcast_object(fits and group.is_main and reference_holds(key, parameters))
+    if not found:
+        return "", cache, False
+    say(f"clock: modelled times from the study device '{REFERENCE_DEVICE}' ({REFERENCE_DIR}), the same on every "
+        "host; clock.machine=\"\" profiles this host instead")
+    return REFERENCE_DEVICE, REFERENCE_DIR, True
 
 
 class Clock:
@@ -47,14 +63,16 @@ class Clock:
         c = cfg.clock
         threads = torch.get_num_threads()
         host = machine_key(threads, cfg.cluster.device, cfg.cluster.numerics)
-        machine = c.machine or host
-        cache = profile_dir(c.cache_dir)
         key = (f"model={dataclasses.asdict(cfg.model)} dataset={cfg.dataset.name} input={workers.input_shape()} "
                f"momentum={cfg.train.momentum} weight_decay={cfg.train.weight_decay} "
                f"params={fingerprint(workers.params)}")
         label = (f"{cfg.model.name} on {cfg.dataset.name} (input {workers.input_shape()}, "
                  f"{len(workers.params)} parameter tensors)")
-        named = dict(named=bool(c.machine), extend=c.extend_machine, host=host, say=say)
+        machine, cache, borrow = c.machine, profile_dir(c.cache_dir), False
+        if machine == "auto":
+            machine, cache, borrow = _auto_device(cfg, threads, key, len(workers.params), group, cache, say)
+        named = dict(named=bool(machine), extend=c.extend_machine, host=host, say=say)
+        machine = machine or host
         prof, problem = None, None
         if group.is_main:
             try:
@@ -67,7 +85,7 @@ class Clock:
             raise UserError(problem)
         if c.compute_s > 0:
             prof = prof.scaled(c.compute_s)       # keeps the key of the profile it scales
-        costs = OpCosts(group, cache, machine, repeats=c.repeats, mode=c.compress, **named)
+        costs = OpCosts(group, cache, machine, repeats=c.repeats, mode=c.compress, borrow=borrow, **named)
         costs.share()
         net = cfg.network
         element = 4

@@ -29,6 +29,7 @@ class OpCosts:
     mode: str = "profile"
     named: bool = False             # clock.machine: a stated device (read-only unless extend)
     extend: bool = False            # clock.extend_machine: measure what the device lacks here, add it
+    borrow: bool = False            # clock.machine=auto: what the device lacks is measured here, for this run only
     host: str = ""                  # this host (machine_key), named in what it adds to a device
     say: object = print
     table: dict = field(default_factory=dict)
@@ -75,6 +76,12 @@ class OpCosts:
         if self.mode == "measured":
             return measured
         if key not in self.table:
+            if self.borrow:
+                if not self.measured:   # once: summary.json's clock.measured_here lists them all
+                    self.say(f"compression costs device '{self.machine}' lacks are measured on this host ({self.host}) "
+                             f"for this run only, first {key}; summary.json's clock.measured_here lists them")
+                self._calibrate(key, fn, measured, keep=False)
+                return self.table[key]
             if self.named and not self.extend:   # every rank has the same table: all stop here together
                 where = self.store.path if self.store is not None else "its cost table"
                 raise UserError(f"device '{self.machine}' has no cost for compression operation {key} in {where}; "
@@ -95,8 +102,9 @@ class OpCosts:
         if problem:
             raise UserError(problem)
 
-    def _calibrate(self, key: str, fn, first: float) -> None:
-        """Rank 0 times `fn` `repeats` more times (median with the first call); all ranks adopt it."""
+    def _calibrate(self, key: str, fn, first: float, keep: bool = True) -> None:
+        """Rank 0 times `fn` `repeats` more times (median with the first call); all ranks adopt it,
+        and it is stored in the cache file unless not `keep`."""
         value = None
         t_start = time.perf_counter()
         if self.group.is_main:
@@ -106,7 +114,7 @@ class OpCosts:
                 fn()
                 times.append(time.perf_counter() - t0)
             value = statistics.median(times)
-            if self.store is not None:  # a concurrent run that stored it first wins (JsonCache)
+            if self.store is not None and keep:  # a concurrent run that stored it first wins (JsonCache)
                 value = self._store(key, value)
         value = self.group.broadcast_object(value)
         self.spent_s += time.perf_counter() - t_start

@@ -178,6 +178,18 @@ def profile_problem(entry, parameters: int) -> str | None:
     return f"{bad[0]} is not text" if bad else None
 
 
+REFERENCE_DEVICE = "reference-cpu"   # the study device, committed (results/reference/device/README.md)
+REFERENCE_DIR = Path(__file__).resolve().parents[2] / "results" / "reference" / "device"
+
+
+def reference_holds(key_text: str, parameters: int) -> bool:
+    """Whether the committed study device holds a usable profile for `key_text` (a checkout has
+    it; an installed package without results/ does not)."""
+    entry = JsonCache(REFERENCE_DIR / "devices.json", keep_damaged=True).data.get(
+        _digest(f"{key_text} | {REFERENCE_DEVICE}"))
+    return entry is not None and profile_problem(entry, parameters) is None
+
+
 def device_models(data: dict, machine: str) -> list[str]:
     """The models a named device holds profiles of (their labels), from devices.json's data."""
     return sorted(str(e.get("model") or "(unlabelled)") for e in data.values()

@@ -99,15 +99,19 @@ class ClockCfg:
     compute_s: float = option(0.0, check=lambda v: v >= 0, valid=">= 0")  # > 0: given fwd+bwd s/step (e.g. a GPU's)
     repeats: int = option(5, check=lambda v: v >= 1, valid=">= 1")       # calibration repetitions (median)
     cache_dir: str = ""                 # "" -> $GRAVAC_CACHE_DIR/profiles, else ~/.cache/gravac-bench/profiles
-    machine: str = ""                   # "" -> this host (torch, device, threads, CPU); a name pins the cached
-                                        # profile and costs to a stated device, whatever host reads them; it is
-                                        # read-only: a profile or op cost it lacks is refused, not measured
+    machine: str = option("auto", doc="auto: the committed study device (results/reference/device) when it holds "
+                          "this run's profile and the run is CPU, 1 thread, native numerics, else this host | \"\": "
+                          "this host | NAME: a named device in clock.cache_dir (read-only)")
+                                        # "" keys this host by torch, device, threads and CPU; a NAME pins profile
+                                        # and costs to a stated device whatever host reads them, and refuses (not
+                                        # measures) what it lacks; auto borrows from this host what the study
+                                        # device lacks in op costs, for the run only (gravac/cluster/clock.py)
     extend_machine: bool = False        # true: measure on this host what clock.machine lacks (or a new name's
                                         # everything) and add it to that device's files, printing each addition
     record_ready: bool = True           # write ready.jsonl: every worker's gradient-ready offsets per step
 
     def errors(self, prefix: str) -> list[str]:
-        if self.extend_machine and not self.machine:
+        if self.extend_machine and self.machine in ("", "auto"):
             return [f"{prefix}.extend_machine=true adds to a named device: set {prefix}.machine=NAME too "
                     "(this host's own cache adds what it lacks without it)"]
         return []
