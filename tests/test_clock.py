@@ -47,6 +47,7 @@ def test_identical_runs_report_identical_modelled_times_under_load(tmp_path, hog
     assert s_loaded["clock"]["profile"]["source"] == "cached"
     assert s_loaded["clock"]["op_costs"]["measured_this_run"] == 0
     for a, b in zip(quiet, loaded):
+        assert a["loss"] == b["loss"], a["step"]    # same host, same threads: the same bits (README, Reproducibility)
         assert [a[k] for k in TIMES] == [b[k] for k in TIMES], a["step"]
         assert (a["cf"], a["level"], a["t_system"], a["t_compression"]) == \
                (b["cf"], b["level"], b["t_system"], b["t_compression"]), a["step"]      # GraVAC decides alike
