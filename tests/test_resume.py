@@ -581,7 +581,7 @@ def test_ctrl_c_while_the_config_is_checked_is_one_line(tmp_path):
     env = {**os.environ, "GRAVAC_PLUGINS": "slow_plugin",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "run.py"), "train.steps=1"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches)
     try:
         assert proc.stdout.readline().strip() == "plugin loading"
         proc.send_signal(signal.SIGINT)

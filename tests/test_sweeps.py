@@ -299,11 +299,13 @@ def test_a_slurm_task_becomes_a_ddp_rank(monkeypatch):
         monkeypatch.setenv(k, v)
     with pytest.raises(UserError, match="cluster=sim runs in one process"):
         slurm_task(make_run(cluster=dict(backend="sim")))
-    cfg = slurm_task(make_run(cluster=dict(backend="ddp")))
-    assert cfg.cluster.threads == 3                     # the task's CPUs, not the node's
+    cfg = slurm_task(make_run(cluster=dict(backend="ddp", threads=0)))
+    assert cfg.cluster.threads == 3                     # the cores' share: the task's CPUs, not the node's
     assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == \
         dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_ADDR="nodeA")
     assert os.environ["MASTER_PORT"] == "20123"          # from the job id: every task agrees on it
+    monkeypatch.delenv("RANK")
+    assert slurm_task(make_run(cluster=dict(backend="ddp"))).cluster.threads == 1    # the default, as anywhere
     assert slurm_task(make_run(cluster=dict(backend="sim"))).cluster.backend == "sim"   # RANK set: leave it
 
 
