@@ -255,7 +255,8 @@ def draw(folder: str, sources: list[str], k: int = LAST_K) -> int:
     os.chdir(folder)
     try:
         no_bench = [] if "compress_bench.csv" in sources else ["--no-bench"]  # never one found above
-        return paper.main(sources + ["--out", "plots", "--formats", "png", "--last-k", str(k), *no_bench])
+        return paper.main(sources + ["--out", "plots", "--formats", "png", "--figures", "all", "--last-k", str(k),
+                                      *no_bench])
     finally:
         os.chdir(here)
 

@@ -54,12 +54,13 @@ class Outputs:
         make_folder(self.folder)
 
     def figure(self, fig, stem: str, description: str) -> None:
-        """Save `fig` as STEM.png and STEM.pdf (the chosen formats) and close it."""
+        """Save `fig` as STEM.png and STEM.pdf (the chosen formats) and close it. No tight bounding
+        box: the figures' constrained layout already fits them, and a tight box draws each twice."""
         import matplotlib.pyplot as plt
         names = []
         for ext in self.formats:
             buf = io.BytesIO()
-            fig.savefig(buf, format=ext, dpi=200, bbox_inches="tight", pad_inches=0.02)
+            fig.savefig(buf, format=ext, dpi=200)   # laid out by its constrained layout: one draw, not two
             atomic_write(os.path.join(self.folder, f"{stem}.{ext}"), buf.getvalue())
             names.append(f"{stem}.{ext}")
         plt.close(fig)

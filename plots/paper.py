@@ -1,27 +1,30 @@
 """Regenerate the GraVAC paper's figures and tables from run folders.
 
-    python plots/paper.py RESULTS_DIR... --out FOLDER [--target T] [--reference "Top-k 10x"]
-                          [--bench results/compress_bench.csv] [--smooth N]
+    python plots/paper.py RESULTS_DIR... --out FOLDER [--figures overview|all] [--target T]
+                          [--reference "Top-k 10x"] [--bench results/compress_bench.csv] [--smooth N]
 
 RESULTS_DIR may be a run folder, an experiment or multirun folder (searched recursively for
-folders holding steps.jsonl or summary.json), or the benchmark CSV. Writes PNG+PDF figures,
-Markdown+CSV tables and an index README.md into --out, prints the incomplete runs, the runs left
-out (no steps, or damaged: a value of the wrong kind where a number belongs) and what could not
-be made (and why), and exits 0 when anything was made; non-zero with one line when no run was
-found or --out cannot take files.
+folders holding steps.jsonl or summary.json; when runs lie in several folders below it, each of
+those is a study, drawn apart), or the benchmark CSV. Writes PNG figures (one per context, or the
+paper's full set with --figures all), Markdown+CSV tables and an index README.md into --out,
+prints a screenful on what was read, made, left out (no steps, damaged, runs 10x shorter than
+their context's) and not made (and why), and exits 0 when anything was made; non-zero with one
+line when no run was found or --out cannot take files.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+from collections import Counter
 
 if __package__ in (None, ""):  # run as `python plots/paper.py`: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from plots import bench, figures, scaling, tables  # noqa: E402
-from plots.load import find_runs, load_runs, skipped_lines  # noqa: E402
-from plots.settings import Context, build_contexts, merged_note  # noqa: E402
+from plots.load import assign_studies, find_runs, load_runs, skipped_lines  # noqa: E402
+from plots.settings import Context, Group, build_contexts, merged_note, split_parts, without_short_runs  # noqa: E402
 from plots.output import OutputError, Outputs  # noqa: E402
 
 CONVENTIONS = """
@@ -78,8 +81,14 @@ def parse_args(argv):
     p.add_argument("--last-k", type=int, default=3,
                    help="the tables' headline metric is the mean of each run's last K evaluations (default 3)")
     p.add_argument("--smooth", type=int, default=0, help="moving-average window of static gains (0: auto)")
-    p.add_argument("--formats", default="png,pdf",
-                   help="figure formats, comma-separated (default png,pdf; PDF embeds TrueType fonts)")
+    p.add_argument("--figures", choices=("overview", "all"), default="overview",
+                   help="overview (default): one figure per context, metric vs modelled cluster time (cumulative "
+                        "floats sent when its runs have no evaluations); all: every figure of the paper (floats, "
+                        "wire bytes, wall and modelled time, iterations, gains, each GraVAC and Accordion setting's "
+                        "CF and T_compression)")
+    p.add_argument("--formats", default="png",
+                   help="figure formats, comma-separated (default png; pdf embeds TrueType fonts, for a paper, and "
+                        "takes twice as long)")
     p.add_argument("--debug", action="store_true", help="raise instead of reporting unexpected errors")
     return p.parse_args(argv)
 
@@ -128,32 +137,65 @@ def _attempt(out: Outputs, what: str, debug: bool, fn, *a, **kw):
     return None
 
 
-def make_figures(ctx: Context, out: Outputs, suffix: str, args) -> None:
+def make_figures(ctx: Context, out: Outputs, suffix: str, args) -> list[Group]:
+    """Every figure of one context: settings whose runs are ten times shorter than its longest left
+    out (returned, for the summary), at most MAX_SERIES settings per axes with the rest in figures
+    marked (2/3), ..., and each GraVAC or Accordion setting's own figures."""
+    ctx, short = without_short_runs(ctx)
+    for part in split_parts(ctx):
+        s = f"{suffix}_part{part.part.replace('/', 'of')}" if part.part else suffix
+        (_shared_figures if args.figures == "all" else _overview_figure)(part, out, s, args)
+    for g in ctx.groups if args.figures == "all" else []:
+        _setting_figures(ctx, g, out, suffix, args)
+    return short
+
+
+def _setting_figures(ctx: Context, g: Group, out: Outputs, suffix: str, args) -> None:
+    """A GraVAC setting's δ, CF and T_compression figures, an Accordion setting's CF figure."""
+    def one(stem, desc, fn, *a):
+        _figure(out, f"{stem}_{g.slug}{suffix}", f"{desc}, {g.label} ({ctx.title})", args, fn, ctx, g, *a)
+
+    if g.method == "gravac":
+        one("gravac_gain", "GraVAC δ_min, δ_c and ε", figures.gravac_gain_figure, args.smooth)
+        one("gravac_cf", "CF chosen by GraVAC and metric", figures.cf_figure)
+        one("gravac_tcomp", "T_compression per candidate CF", figures.tcomp_figure)
+    elif g.method == "accordion":
+        one("accordion_cf", "CF sent by Accordion and metric", figures.cf_figure)
+
+
+def _figure(out: Outputs, stem: str, desc: str, args, fn, *a) -> None:
+    """Draw one figure and save it under `stem`, or note why it was not made."""
+    f = _attempt(out, stem, args.debug, fn, *a)
+    if f is not None:
+        out.figure(f, stem, desc)
+
+
+def _overview_figure(ctx: Context, out: Outputs, suffix: str, args) -> None:
+    """The one figure of `ctx` in an overview: metric vs modelled cluster time (time to accuracy,
+    the paper's headline), or cumulative floats sent when no run of it evaluated."""
+    if any(len(r.eval_series()[0]) for r in ctx.runs):
+        _figure(out, f"time_to_accuracy_model{suffix}", f"metric vs modelled cluster time ({ctx.title})", args,
+                figures.time_to_accuracy_figure, ctx, "model")
+    else:
+        _figure(out, f"floats_cumulative{suffix}", f"cumulative floats sent per worker vs iterations ({ctx.title})",
+                args, figures.cumulative_figure, ctx, "floats_sent", "floats sent")
+
+
+def _shared_figures(ctx: Context, out: Outputs, suffix: str, args) -> None:
+    """The figures that draw every setting of `ctx` (a context or one part of it) on one axes."""
     def fig(stem, desc, fn, *a):
-        f = _attempt(out, f"{stem}{suffix}", args.debug, fn, *a)
-        if f is not None:
-            out.figure(f, f"{stem}{suffix}", f"{desc} ({ctx.title})")
+        _figure(out, f"{stem}{suffix}", f"{desc} ({ctx.title})", args, fn, ctx, *a)
 
     fig("floats_cumulative", "cumulative floats sent per worker vs iterations (Fig. 1-style)",
-        figures.cumulative_figure, ctx, "floats_sent", "floats sent")
+        figures.cumulative_figure, "floats_sent", "floats sent")
     fig("wire_bytes_cumulative", "cumulative wire bytes per worker vs iterations",
-        figures.cumulative_figure, ctx, "wire_bytes", "wire bytes")
-    fig("time_to_accuracy_model", "metric vs modelled cluster time", figures.time_to_accuracy_figure, ctx,
-        "model")
-    fig("time_to_accuracy_wall", "metric vs measured wall time", figures.time_to_accuracy_figure, ctx,
-        "step_wall_s")
-    fig("metric_vs_iterations", "metric vs iterations", figures.metric_vs_steps_figure, ctx)
+        figures.cumulative_figure, "wire_bytes", "wire bytes")
+    fig("time_to_accuracy_model", "metric vs modelled cluster time", figures.time_to_accuracy_figure, "model")
+    fig("time_to_accuracy_wall", "metric vs measured wall time", figures.time_to_accuracy_figure, "step_wall_s")
+    fig("metric_vs_iterations", "metric vs iterations", figures.metric_vs_steps_figure)
     if any(g.method == "static" for g in ctx.groups):
         fig("gain_static", "compression gain of static compressors per CF (Figs. 4-6)",
-            figures.static_gain_figure, ctx, args.smooth)
-    for g in ctx.groups:
-        if g.method == "gravac":
-            fig(f"gravac_gain_{g.slug}", f"GraVAC δ_min, δ_c and ε, {g.label}", figures.gravac_gain_figure, ctx, g,
-                args.smooth)
-            fig(f"gravac_cf_{g.slug}", f"CF chosen by GraVAC and metric, {g.label}", figures.cf_figure, ctx, g)
-            fig(f"gravac_tcomp_{g.slug}", f"T_compression per candidate CF, {g.label}", figures.tcomp_figure, ctx, g)
-        elif g.method == "accordion":
-            fig(f"accordion_cf_{g.slug}", f"CF sent by Accordion and metric, {g.label}", figures.cf_figure, ctx, g)
+            figures.static_gain_figure, args.smooth)
 
 
 def make_tables(contexts: list[Context], out: Outputs, args) -> None:
@@ -233,6 +275,7 @@ def main(argv=None) -> int:
     for m in missing:
         print(f"not found: {m}")
     runs, left_out = load_runs(run_dirs)
+    assign_studies(runs, args.results)
     left_out = [(_rel(p), why) for p, why in left_out]
     for line in skipped_lines(left_out):
         print(line)
@@ -242,24 +285,14 @@ def main(argv=None) -> int:
     print(f"{len(runs)} run(s), {n_settings} setting(s), {len(contexts)} context(s) from {', '.join(args.results)}")
     if bench_csv and not args.bench and not csvs:
         print(f"compression benchmark (Table 3): {_rel(bench_csv)} (found by itself; --bench picks another)")
-    for ctx in contexts:
-        print(f"  {ctx.title}: target {ctx.target if ctx.target is not None else 'none'}; "
-              + ", ".join(f"{g.label}" + (f" x{g.n}" if g.n > 1 else "") for g in ctx.groups))
-        if ctx.target_note:
-            print(f"  note: {ctx.target_note}")
-        if ctx.merged_keys:
-            print(f"  note: {merged_note(ctx)}")
     incomplete = [(_rel(r.path), r.problems) for r in runs if r.problems]
-    if incomplete:
-        print("incomplete runs (used for what they contain):")
-        for path, why in incomplete:
-            print(f"  {path}: {'; '.join(why)}")
     notes = [(_rel(r.path), r.notes) for r in runs if r.notes]
-    for path, n in notes:
-        print(f"  cross-check {path}: {'; '.join(n)}")
+    print_inputs(contexts, incomplete, notes)
 
+    short = {}
     for ctx in contexts:
-        make_figures(ctx, out, f"__{ctx.slug}" if len(contexts) > 1 else "", args)
+        short[ctx.title] = make_figures(ctx, out, f"__{ctx.slug}" if len(contexts) > 1 else "", args)
+    short = {t: gs for t, gs in short.items() if gs}
     if contexts:
         make_tables(contexts, out, args)
     else:
@@ -267,22 +300,84 @@ def main(argv=None) -> int:
     if not args.no_bench:
         make_bench(bench_csv, out, args)
 
-    header = (f"Made by `plots/paper.py` from {', '.join(f'`{p}`' for p in args.results)}: {len(runs)} run(s), "
-              f"{n_settings} setting(s). Contexts: " + "; ".join(
-                  f"{c.title} ({c.metric}, target {c.target if c.target is not None else 'none'})" for c in contexts))
-    out.write_index(header, incomplete + [(p, [f"cross-check: {x}" for x in n]) for p, n in notes
+    out.write_index(index_header(args.results, len(runs), contexts, short), incomplete + [(p, [f"cross-check: {x}" for x in n]) for p, n in notes
                                           if p not in dict(incomplete)], CONVENTIONS, left_out)
-    print(f"made {len(out.made)} output(s) in {args.out} (index: {os.path.join(args.out, 'README.md')}):")
-    for files, _ in out.made:
-        print(f"  {files}")
-    if out.skipped:
-        print("not made:")
-        for what, why in out.skipped:
-            print(f"  {what}: {why}")
+    for line in summary_lines(out, short, args.out, [c.title for c in contexts]):
+        print(line)
     if not out.made:
         print("error: nothing could be made from these runs (see 'not made' above)", file=sys.stderr)
         return 1
     return 0
+
+
+def index_header(sources: list[str], n_runs: int, contexts: list[Context], short: dict[str, list[Group]]) -> str:
+    """The index's opening: the sources, the contexts with their targets, and the settings left out
+    of the figures as too short."""
+    text = (f"Made by `plots/paper.py` from {', '.join(f'`{p}`' for p in sources)}: {n_runs} run(s), "
+            f"{sum(len(c.groups) for c in contexts)} setting(s). Contexts: " + "; ".join(
+                f"{c.title} ({c.metric}, target {c.target if c.target is not None else 'none'})" for c in contexts))
+    if short:
+        text += ("\n\nLeft out of the figures (kept in the tables), runs at least 10x shorter than their context's "
+                 "longest: " + "; ".join(f"{t}: {', '.join(g.label for g in gs)}" for t, gs in short.items()))
+    return text
+
+
+LIST_AT_MOST = 5    # contexts, incomplete runs or cross-checks printed one a line; more are counted
+
+
+def print_inputs(contexts: list[Context], incomplete: list, notes: list) -> None:
+    """What was read: each context with its settings, the incomplete runs and the cross-checks,
+    one a line when there are a few, else counted (the index README.md lists them all)."""
+    if len(contexts) <= LIST_AT_MOST:
+        for ctx in contexts:
+            print(f"  {ctx.title}: target {ctx.target if ctx.target is not None else 'none'}; "
+                  + ", ".join(f"{g.label}" + (f" x{g.n}" if g.n > 1 else "") for g in ctx.groups))
+            for note in (ctx.target_note, merged_note(ctx)):
+                if note:
+                    print(f"  note: {note}")
+    else:
+        studies = Counter(c.study or "(top)" for c in contexts)
+        print(f"  contexts per study: {', '.join(f'{s} {n}' for s, n in studies.items())}")
+    if len(incomplete) <= LIST_AT_MOST:
+        if incomplete:
+            print("incomplete runs (used for what they contain):")
+        for path, why in incomplete:
+            print(f"  {path}: {'; '.join(why)}")
+    else:
+        print(f"{len(incomplete)} incomplete runs, used for what they contain (listed in the index)")
+    if len(notes) <= LIST_AT_MOST:
+        for path, n in notes:
+            print(f"  cross-check {path}: {'; '.join(n)}")
+    else:
+        print(f"{len(notes)} runs whose summary.json disagrees with their steps (cross-checks in the index)")
+
+
+def summary_lines(out: Outputs, short: dict[str, list[Group]], folder: str, titles: list[str]) -> list[str]:
+    """A screenful on what was made: counts per kind of output, where, the settings left out of
+    the figures as too short, and what was not made with its commonest reasons (all in the index)."""
+    kinds = Counter(re.split(r"__|_part\d|_(?=[a-z0-9.]+-)", files.split()[0].rsplit(".", 1)[0])[0]
+                    for files, _ in out.made)
+    lines = [f"made {len(out.made)} output(s) in {folder} (index: {os.path.join(folder, 'README.md')}): "
+             + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))]
+    if short:
+        n = sum(len(gs) for gs in short.values())
+        lines.append(f"left out of the figures of {len(short)} context(s), kept in the tables: {n} setting(s) "
+                     f"whose runs are at least 10x shorter than their context's longest (named in the index)")
+    if out.skipped:
+        why = Counter(_reason(w, titles) for _, w in out.skipped).most_common()
+        lines.append(f"not made: {len(out.skipped)} (in the index), " + "; ".join(
+            f"{n}x {r}" for r, n in why[:3]) + (f"; {len(why) - 3} other reason(s)" if len(why) > 3 else ""))
+    return lines
+
+
+def _reason(why: str, titles: list[str]) -> str:
+    """A not-made reason without the context it names and its parenthesised details, so the same
+    reason counts once."""
+    for t in titles:
+        if why.startswith(t + ": "):
+            why = why[len(t) + 2:]
+            break
+    return why.split(" (")[0]
 
 
 if __name__ == "__main__":

@@ -5,13 +5,17 @@ logging and the keys the run's method says it ignores (summary.json `setting.ign
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from plots.labels import assign_labels
 from plots.load import HIGHER_IS_BETTER, Run
+
+MAX_SERIES = 8      # settings drawn on one axes; more go to continuation figures ("2/3")
+SHORT_RATIO = 10    # a setting whose runs are this many times shorter than its context's longest is drawn apart
 
 SEED_KEYS = {"train.seed", "dataset.seed"}
 IGNORED_PREFIXES = ("experiment.", "logger.", "setting.")
@@ -68,7 +72,8 @@ class Group:
 
 @dataclass(eq=False)
 class Context:
-    """Settings that can be compared: same model, dataset, metric, cluster size and network."""
+    """Settings that can be compared: same study, model, dataset, metric, cluster size and network.
+    `part` ("2/3") marks one of the figures a context with too many settings is split into."""
     model: str
     dataset: str
     metric: str
@@ -78,16 +83,21 @@ class Context:
     target: float | None = None
     target_note: str = ""
     merged_keys: dict[str, Any] = field(default_factory=dict)   # options only newer runs record (see build_contexts)
+    study: str = ""
+    part: str = ""
 
     @property
     def title(self) -> str:
         w = f", {self.workers} workers" if self.workers else ""
-        return f"{self.model} / {self.dataset}{w}, network {self.network}"
+        study = f"{self.study}: " if self.study else ""
+        part = f" ({self.part})" if self.part else ""
+        return f"{study}{self.model} / {self.dataset}{w}, network {self.network}{part}"
 
     @property
     def slug(self) -> str:
         workers = f"{self.workers}w" if self.workers else "unknown"
-        return slugify(f"{self.model}-{self.dataset}-{workers}-{self.network}".replace("?", "unknown"))
+        study = f"{self.study}-" if self.study else ""
+        return slugify(f"{study}{self.model}-{self.dataset}-{workers}-{self.network}".replace("?", "unknown"))
 
     @property
     def higher_is_better(self) -> bool:
@@ -131,9 +141,10 @@ def build_contexts(runs: list[Run], target: float | None = None) -> list[Context
     ctxs: dict[tuple, Context] = {}
     by_ctx: dict[tuple, list[Run]] = {}
     for run in runs:
-        by_ctx.setdefault((run.model, run.dataset, run.metric, run.workers, str(run.network.get("name", "?"))), []).append(run)
+        by_ctx.setdefault((run.model, run.dataset, run.metric, run.workers, str(run.network.get("name", "?")),
+                           run.study), []).append(run)
     for key, members in by_ctx.items():
-        ctx = ctxs.setdefault(key, Context(*key))
+        ctx = ctxs.setdefault(key, Context(*key[:5], study=key[5]))
         settings, ctx.merged_keys = _settings_across_versions(members)
         for run, setting in zip(members, settings):
             _add_to_group(ctx, run, setting)
@@ -144,7 +155,7 @@ def build_contexts(runs: list[Run], target: float | None = None) -> list[Context
         for g in ctx.groups:
             g.runs.sort(key=lambda r: (r.cfg("train.seed", 0) or 0, r.name))
         _pick_target(ctx, target)
-    out.sort(key=lambda c: (c.model, c.dataset, c.workers or 0, c.network))
+    out.sort(key=lambda c: (c.study, c.model, c.dataset, c.workers or 0, c.network))
     return out
 
 
@@ -200,3 +211,28 @@ def _pick_target(ctx: Context, override: float | None) -> None:
     if len(values) > 1:
         ctx.target_note = (f"runs have different targets ({', '.join(f'{v:g}' for v in values)}); "
                            f"using the most common, {ctx.target:g} (override with --target)")
+
+
+def steps_drawn(g: Group) -> int:
+    """The most steps any replica of a setting recorded: how far its curves reach."""
+    return max(len(r.steps) for r in g.runs)
+
+
+def without_short_runs(ctx: Context, ratio: int = SHORT_RATIO) -> tuple[Context, list[Group]]:
+    """The context without the settings whose runs are `ratio` times shorter than its longest, and
+    those settings: a 20-step smoke run beside 800-step runs is a dot at the origin of every axis."""
+    longest = max((steps_drawn(g) for g in ctx.groups), default=0)
+    short = [g for g in ctx.groups if steps_drawn(g) * ratio <= longest]
+    if not short:
+        return ctx, []
+    return replace(ctx, groups=[g for g in ctx.groups if g not in short]), short
+
+
+def split_parts(ctx: Context, cap: int = MAX_SERIES) -> list[Context]:
+    """The context as one or more contexts of at most `cap` settings each, in its order and of
+    near-equal size, marked "1/3", "2/3", ... when there are several: one axes stays readable."""
+    n = math.ceil(len(ctx.groups) / cap)
+    if n <= 1:
+        return [ctx]
+    chunks = np.array_split(np.arange(len(ctx.groups)), n)
+    return [replace(ctx, groups=[ctx.groups[i] for i in idx], part=f"{k}/{n}") for k, idx in enumerate(chunks, 1)]

@@ -86,13 +86,21 @@ def estimate(values, statistic: str = "mean") -> Estimate:
     return Estimate(point, *_boot((v,), fn), len(v))
 
 
+def column_mean(matrix: np.ndarray) -> np.ndarray:
+    """Mean of each column of a replicas x points matrix, ignoring NaN (NaN where a column has none)."""
+    m = np.asarray(matrix, dtype=float)
+    ok = np.isfinite(m)
+    count = ok.sum(axis=0)
+    return np.where(count > 0, np.where(ok, m, 0.0).sum(axis=0) / np.maximum(count, 1), np.nan)
+
+
 def band(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean and 95% CI (as `estimate`) of each column of a replicas x points matrix, ignoring NaN;
     the bounds are NaN where a column has fewer than two values."""
     m = np.asarray(matrix, dtype=float)
     ok = np.isfinite(m)
     count = ok.sum(axis=0)
-    mean = np.where(count > 0, np.where(ok, m, 0.0).sum(axis=0) / np.maximum(count, 1), np.nan)
+    mean = column_mean(m)
     lo, hi = np.full(m.shape[1], np.nan), np.full(m.shape[1], np.nan)
     for pattern in {tuple(c) for c in ok.T[count > 1]}:   # columns with the same replicas present
         cols = np.flatnonzero((ok.T == pattern).all(axis=1))

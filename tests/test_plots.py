@@ -158,7 +158,7 @@ def made(tmp_path_factory):
                      "vgg16,topk,1000,direct,0.030\nvgg16,topk,1000,multilevel,0.015\n"
                      "resnet101,topk,10,single,0.5\n")
     out = root / "out"
-    code = main([str(runs), "--out", str(out), "--bench", str(bench), "--debug"])
+    code = main([str(runs), "--out", str(out), "--bench", str(bench), "--debug", "--figures", "all", "--formats", "png,pdf"])
     return code, out
 
 
@@ -264,7 +264,7 @@ def test_incomplete_run_is_used_and_named(tmp_path, capsys):
     write_run(exp, "gravac-killed", "gravac", "dgc", 100.0, [100.0] * 4 + [10.0] * 2, [.2, .5, .6], 0.6, 0.3,
               extra=gravac_extra, summary=False, torn=True)
     out = tmp_path / "out"
-    assert main([str(exp), "--out", str(out), "--formats", "png"]) == 0
+    assert main([str(exp), "--out", str(out), "--formats", "png", "--figures", "all"]) == 0
     text = capsys.readouterr().out
     line = next(x for x in text.splitlines() if "gravac-killed" in x)
     assert "summary.json missing" in line and "torn" in line
@@ -317,7 +317,7 @@ def test_perplexity_and_two_contexts(tmp_path):
     write_run(exp, "lstm-gravac", "gravac", "dgc", 100.0, [10.0] * 10, [100, 40, 22, 21, 20], 0.5, 0.5,
               extra=gravac_extra, **lstm)
     out = tmp_path / "out"
-    assert main([str(exp), "--out", str(out), "--formats", "png", "--debug"]) == 0
+    assert main([str(exp), "--out", str(out), "--formats", "png", "--debug", "--figures", "all"]) == 0
     rows = {r["context"].split(" /")[0]: r for r in read_csv(out / "comm_savings.csv")}
     assert num(rows["lstm_mini"]["baseline_floats"]) == 8000 and num(rows["lstm_mini"]["gravac_floats"]) == 60
     assert num(rows["lstm_mini"]["comm_saving"]) == pytest.approx(8000 / 60)
@@ -366,7 +366,7 @@ def test_a_run_that_failed_before_its_first_step_is_skipped_in_one_line(tmp_path
     text = capsys.readouterr().out
     assert [x for x in text.splitlines() if "nodata" in x] == [f"skipped 1 run with no steps: {failed}"]
     assert "1 run(s), 1 setting(s), 1 context(s)" in text and "cifar10" not in text
-    assert (tmp_path / "out" / "floats_cumulative.png").exists()      # one context: no per-context suffix
+    assert (tmp_path / "out" / "time_to_accuracy_model.png").exists()      # one context: no per-context suffix
 
 
 def test_no_runs_is_one_line_and_nonzero(tmp_path, capsys):
@@ -607,7 +607,7 @@ def test_damaged_runs_are_left_out_with_the_reason_and_the_rest_is_made(tmp_path
         damage(write_run(exp, f"bad-{kind}", "static", "topk", 10.0, [100.0] * 10, [.1, .3, .5, .6, .7], 0.5, 0.4),
                kind)
     out = tmp_path / "out"
-    assert main([str(exp), "--out", str(out), "--formats", "png"]) == 0
+    assert main([str(exp), "--out", str(out), "--formats", "png", "--figures", "all"]) == 0
     text, index = capsys.readouterr().out, (out / "README.md").read_text()
     for kind, why in DAMAGE.items():
         assert f"skipped damaged run {exp / f'bad-{kind}'}: {why}" in text.splitlines()
@@ -694,3 +694,83 @@ def test_an_option_added_later_does_not_split_replicas(tmp_path):
     ctx, got = groups(["dense-s0", "dense-s1", "dense-s2", "dense-s3"])    # 0 and 100: a real difference
     assert got == [["dense-s0"], ["dense-s1", "dense-s2"], ["dense-s3"]] and ctx.merged_keys == {}
     assert len(find_runs([str(exp)])[0]) == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# readable by default on many settings (issue 41): a cap per axes, short runs apart, legend outside
+
+def _many(n: int) -> list:
+    """n static Top-k settings, each with its own CF, floats and accuracy."""
+    return [(f"topk{cf}", "static", "topk", float(cf), [1000.0 / cf] * 10, [.1 + cf / 1e4] * 5)
+            for cf in range(2, 2 + n)]
+
+
+def test_a_context_with_more_settings_than_the_cap_is_continued(tmp_path):
+    """20 settings, cap 8: three figures "(1/3)".."(3/3)", each with at most 8 curves, every
+    setting drawn once, in the context's order."""
+    from plots import figures
+    from plots.settings import MAX_SERIES, split_parts
+    ctx = _context(tmp_path, _many(20))
+    parts = split_parts(ctx)
+    assert len(parts) == 3 and [p.title.endswith(f"({k}/3)") for k, p in enumerate(parts, 1)] == [True] * 3
+    assert [g for p in parts for g in p.groups] == ctx.groups
+    for p in parts:
+        fig = figures.metric_vs_steps_figure(p)
+        assert 0 < len(_series_lines(fig)) <= MAX_SERIES
+    assert split_parts(_context(tmp_path / "few", _many(MAX_SERIES)))[0].part == ""
+
+
+def test_legend_sits_outside_the_axes_and_is_not_taller(tmp_path):
+    """After drawing, each part's legend box does not overlap its axes, is no taller than them and
+    lies within the figure (one figure of 20 settings had a legend twice the height of its axes)."""
+    import matplotlib.pyplot as plt
+    from plots import figures
+    from plots.settings import split_parts
+    for p in split_parts(_context(tmp_path, _many(20))):
+        for fig in (figures.cumulative_figure(p), figures.time_to_accuracy_figure(p, "model")):
+            fig.canvas.draw()
+            r = fig.canvas.get_renderer()
+            leg, ax = fig.legends[0].get_window_extent(r), fig.axes[0].get_window_extent(r)
+            assert not leg.overlaps(ax) and leg.height <= ax.height
+            assert 0 <= leg.x0 and leg.x1 <= fig.bbox.width and leg.y0 >= 0    # not cut off: saved untrimmed
+            plt.close(fig)
+
+
+def test_short_runs_are_left_out_of_the_figures_of_a_ten_times_longer_context(tmp_path, capsys):
+    """A 10-step run beside 100-step runs: not on the figures, said in the summary and the index,
+    still in the tables."""
+    from plots import figures
+    from plots.settings import without_short_runs
+    long = [.1 + .008 * j for j in range(50)]
+    ctx = _context(tmp_path, [("dense", "dense", "none", 100.0, [1000.0] * 100, long),
+                              ("topk10", "static", "topk", 10.0, [100.0] * 100, long[::-1]),
+                              ("smoke", "static", "topk", 100.0, [10.0] * 10, [.1] * 5)])
+    drawn, short = without_short_runs(ctx)
+    assert [g.label for g in short] == ["Top-k 100x"] and len(drawn.groups) == 2
+    labels = [ln.get_label() for ln in _series_lines(figures.cumulative_figure(drawn))]
+    assert not any("100x" in x for x in labels)
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "runs"), "--out", str(out), "--formats", "png", "--no-bench"]) == 0
+    printed = capsys.readouterr().out
+    assert "left out of the figures of 1 context(s), kept in the tables: 1 setting(s)" in printed
+    assert "Top-k 100x" in (out / "README.md").read_text().split("## Made")[0]
+    assert "Top-k 100x" in {r["setting"] for r in read_csv(out / "static_compression.csv")}
+
+
+def test_a_folder_of_studies_is_drawn_study_by_study(tmp_path, capsys):
+    """Two studies of the same model and cluster (as results/reference/covap and .../mergecomp):
+    two contexts, not one with every setting; one experiment's folder stays one context."""
+    from plots.load import assign_studies, find_runs, load_runs
+    from plots.settings import build_contexts
+    for study in ("covap", "mergecomp"):
+        write_run(tmp_path / "ref" / study / "runs", "dense", "dense", "none", 100.0, [1000.0] * 10, [.2] * 5, 1.0, 0.5)
+        write_run(tmp_path / "ref" / study / "runs", "topk10", "static", "topk", 10.0, [100.0] * 10, [.1] * 5, .5, .4)
+    for root, titles in ((tmp_path / "ref", ["covap: ", "mergecomp: "]), (tmp_path / "ref" / "covap" / "runs", [""])):
+        runs = load_runs(find_runs([str(root)])[0])[0]
+        assign_studies(runs, [str(root)])
+        ctxs = build_contexts(runs)
+        assert [c.title[:len(t)] for c, t in zip(ctxs, titles)] == titles and len(ctxs) == len(titles)
+        assert all(len(c.groups) == 2 for c in ctxs)
+    assert main([str(tmp_path / "ref"), "--out", str(tmp_path / "out"), "--no-bench"]) == 0
+    assert (tmp_path / "out" / "time_to_accuracy_model__mergecomp-resnet_mini-synthetic-4w-10gbps.png").exists()
+    assert len(capsys.readouterr().out.splitlines()) <= 10
