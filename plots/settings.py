@@ -230,9 +230,14 @@ def without_short_runs(ctx: Context, ratio: int = SHORT_RATIO) -> tuple[Context,
 
 def split_parts(ctx: Context, cap: int = MAX_SERIES) -> list[Context]:
     """The context as one or more contexts of at most `cap` settings each, in its order and of
-    near-equal size, marked "1/3", "2/3", ... when there are several: one axes stays readable."""
-    n = math.ceil(len(ctx.groups) / cap)
-    if n <= 1:
+    near-equal size, marked "1/3", "2/3", ... when there are several: one axes stays readable.
+    Dense, when the context has it, opens every part, so each figure has its baseline."""
+    if len(ctx.groups) <= cap:
         return [ctx]
-    chunks = np.array_split(np.arange(len(ctx.groups)), n)
-    return [replace(ctx, groups=[ctx.groups[i] for i in idx], part=f"{k}/{n}") for k, idx in enumerate(chunks, 1)]
+    dense = next((g for g in ctx.groups if g.method == "dense"), None)
+    rest = [g for g in ctx.groups if g is not dense]
+    room = cap - (dense is not None)
+    n = math.ceil(len(rest) / room)
+    chunks = np.array_split(np.arange(len(rest)), n)
+    return [replace(ctx, groups=[dense] * (dense is not None) + [rest[i] for i in idx], part=f"{k}/{n}")
+            for k, idx in enumerate(chunks, 1)]

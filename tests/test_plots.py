@@ -720,6 +720,18 @@ def test_a_context_with_more_settings_than_the_cap_is_continued(tmp_path):
     assert split_parts(_context(tmp_path / "few", _many(MAX_SERIES)))[0].part == ""
 
 
+def test_every_continued_figure_keeps_the_dense_baseline(tmp_path):
+    """A part without Dense had nothing to compare with: Dense opens every part, the other
+    settings are each drawn once."""
+    from plots.settings import MAX_SERIES, split_parts
+    ctx = _context(tmp_path, _many(20) + [("dense", "dense", "none", 1.0, [1000.0] * 10, [.2] * 5)])
+    dense = [g for g in ctx.groups if g.method == "dense"]
+    assert len(dense) == 1
+    parts = split_parts(ctx)
+    assert all(p.groups[0] is dense[0] and len(p.groups) <= MAX_SERIES for p in parts)
+    assert sorted(id(g) for p in parts for g in p.groups[1:]) == sorted(id(g) for g in ctx.groups if g is not dense[0])
+
+
 def test_legend_sits_outside_the_axes_and_is_not_taller(tmp_path):
     """After drawing, each part's legend box does not overlap its axes, is no taller than them and
     lies within the figure (one figure of 20 settings had a legend twice the height of its axes)."""
