@@ -382,3 +382,14 @@ def test_reproducing_static_tables_quote_the_curated_runs(table, family, column,
     if table == "final" and runs[setting][0]["metric"] != "perplexity":
         value *= 100                                                    # top-1 is quoted in percent
     assert _quotes(value, cell), f"REPRODUCING's {table} for {family} {column} reads {cell!r}; the curated runs give {value}"
+
+
+def test_timings_says_what_ran_how_long_and_under_what_load():
+    """bench/timings.py measures the README's durations (issue 41: timings measured, not typed)."""
+    import sys as _sys
+    _sys.path.insert(0, str(ROOT / "bench"))
+    import timings
+    out = timings.line("a command", [_sys.executable, "-c", "print('first'); print('the end')"])
+    assert re.fullmatch(r"- a command: \d+ s \(\d+\.\d min\), exit 0, on \d+ cores at load [\d.]+ -> [\d.]+; "
+                        r"last line: the end", out), out
+    assert "exit 3" in timings.line("failing", [_sys.executable, "-c", "raise SystemExit(3)"])
