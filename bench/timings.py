@@ -18,11 +18,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def timed(cmd: list[str]) -> tuple[float, int, str]:
-    """Wall seconds, exit code and the last output line of `cmd`, run from the checkout."""
+    """Wall seconds, exit code and the telling output line of `cmd` (a run's `done:` line, else the
+    last), run from the checkout."""
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     lines = (p.stdout + p.stderr).strip().splitlines()
-    return time.perf_counter() - t0, p.returncode, lines[-1] if lines else ""
+    done = [x for x in lines if x.startswith("done:")]
+    return time.perf_counter() - t0, p.returncode, (done or lines or [""])[-1]
 
 
 def line(what: str, cmd: list[str]) -> str:
@@ -31,7 +33,7 @@ def line(what: str, cmd: list[str]) -> str:
     seconds, code, last = timed(cmd)
     after = os.getloadavg()[0]
     return (f"- {what}: {seconds:.0f} s ({seconds / 60:.1f} min), exit {code}, on {os.cpu_count()} cores at "
-            f"load {before:.1f} -> {after:.1f}; last line: {last[:160]}")
+            f"load {before:.1f} -> {after:.1f}; {'output' if last.startswith('done:') else 'last line'}: {last[:200]}")
 
 
 def main(argv=None) -> int:
