@@ -41,9 +41,20 @@ def relevant_settings(run: Run) -> dict[str, Any]:
         return {k: s.get(k) for k in ("method", "compressor", "cf", "model", "dataset", "workers",
                                       "backend", "batch_size")}
     ignored = tuple(run.setting.get("ignores", []))
-    return {k: v for k, v in flatten(run.config).items()
-            if k not in SEED_KEYS and k not in IGNORED_KEYS and not k.startswith(IGNORED_PREFIXES)
-            and not (ignored and k.startswith(ignored))}
+    out = {k: v for k, v in flatten(run.config).items()
+           if k not in SEED_KEYS and k not in IGNORED_KEYS and not k.startswith(IGNORED_PREFIXES)
+           and not (ignored and k.startswith(ignored))}
+    if out.get("clock.machine") == "auto":   # the device it resolved to, as a run that named it says
+        out["clock.machine"] = resolved_machine(run)
+    return out
+
+
+def resolved_machine(run: Run) -> str:
+    """The device clock.machine=auto chose: the named device its profile came from, else "" (this
+    host), from summary.json's clock."""
+    prof = ((run.summary or {}).get("clock") or {}).get("profile") or {}
+    machine = prof.get("machine") or ""
+    return "" if machine.startswith("torch ") else machine    # a host's key, not a device name
 
 
 @dataclass(eq=False)

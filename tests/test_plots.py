@@ -786,3 +786,22 @@ def test_a_folder_of_studies_is_drawn_study_by_study(tmp_path, capsys):
     assert main([str(tmp_path / "ref"), "--out", str(tmp_path / "out"), "--no-bench"]) == 0
     assert (tmp_path / "out" / "time_to_accuracy_model__mergecomp-resnet_mini-synthetic-4w-10gbps.png").exists()
     assert len(capsys.readouterr().out.splitlines()) <= 10
+
+
+def test_clock_auto_is_the_device_it_resolved_to(tmp_path):
+    """A run under the default clock.machine=auto that used the study device is a replica of one that
+    named it; one that profiled its own host is a setting apart."""
+    from plots.load import find_runs, load_run
+    from plots.settings import build_contexts
+    exp = tmp_path / "runs"
+    for seed, (machine, used) in enumerate([("reference-cpu", "reference-cpu"), ("auto", "reference-cpu"),
+                                            ("auto", "torch 2.14.1, cpu, 1 threads, AMD EPYC")]):
+        d = write_run(exp, f"r{seed}", "static", "topk", 10.0, [100.0] * 10, [.5] * 5, 0.5, 0.4, seed=seed)
+        config = yaml.safe_load((d / "config.yaml").read_text())
+        config["clock"] = {"machine": machine}
+        (d / "config.yaml").write_text(yaml.safe_dump(config))
+        summary = json.loads((d / "summary.json").read_text())
+        summary["clock"] = {"profile": {"machine": used}}
+        (d / "summary.json").write_text(json.dumps(summary))
+    (ctx,) = build_contexts([load_run(d) for d in find_runs([str(exp)])[0]])
+    assert sorted(sorted(r.name for r in g.runs) for g in ctx.groups) == [["r0", "r1"], ["r2"]]
