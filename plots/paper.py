@@ -125,7 +125,10 @@ def _bench_folders(path: str) -> list[str]:
 
 
 def _attempt(out: Outputs, what: str, debug: bool, fn, *a, **kw):
-    """Run fn; a Skip or unexpected error becomes a 'not made' entry instead of a traceback."""
+    """Run fn; a Skip or unexpected error becomes a 'not made' entry instead of a traceback, and a
+    figure it opened before giving up is closed (left open, they piled up over many contexts)."""
+    import matplotlib.pyplot as plt
+    before = set(plt.get_fignums())
     try:
         return fn(*a, **kw)
     except figures.Skip as e:
@@ -134,6 +137,8 @@ def _attempt(out: Outputs, what: str, debug: bool, fn, *a, **kw):
         if debug:
             raise
         out.skip(what, f"unexpected error {type(e).__name__}: {e} (rerun with --debug for the traceback)")
+    for num in set(plt.get_fignums()) - before:
+        plt.close(num)
     return None
 
 

@@ -805,3 +805,20 @@ def test_clock_auto_is_the_device_it_resolved_to(tmp_path):
         (d / "summary.json").write_text(json.dumps(summary))
     (ctx,) = build_contexts([load_run(d) for d in find_runs([str(exp)])[0]])
     assert sorted(sorted(r.name for r in g.runs) for g in ctx.groups) == [["r0", "r1"], ["r2"]]
+
+
+def test_a_figure_that_gives_up_is_closed(tmp_path):
+    """A figure function that opened a figure and then skipped left it open: over a reference's
+    many contexts they piled up (matplotlib's "more than 20 figures" warning)."""
+    import matplotlib.pyplot as plt
+    from plots import figures
+    from plots.output import Outputs
+    from plots.paper import _attempt
+
+    def gives_up():
+        plt.figure()
+        raise figures.Skip("nothing to draw")
+    before = len(plt.get_fignums())
+    out = Outputs(str(tmp_path / "out"))
+    assert _attempt(out, "x", False, gives_up) is None and out.skipped == [("x", "nothing to draw")]
+    assert len(plt.get_fignums()) == before
