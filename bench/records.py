@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     ap.add_argument("action", choices=("check", "write"))
     ap.add_argument("--emulate", metavar="CPU", default="",
                     help="run under qemu-x86_64 -cpu CPU (e.g. Broadwell-v4: an Intel CPU with AVX2 and no AVX-512; "
-                         "about 20x slower; needs qemu-user)")
+                         "far slower: the default record's 20 steps took about 15 min here; needs qemu-user)")
     ap.add_argument("names", nargs="*", help=f"records to {{check|write}} (default: all of {', '.join(RECORDS)})")
     a = ap.parse_intermixed_args(argv)
     if a.emulate and not shutil.which("qemu-x86_64"):

@@ -47,7 +47,10 @@ def _child(conn, work, num: int, overrides: list[str]) -> None:
     """A job's process: leave the terminal's process group (the sweep alone takes its signals),
     drop a signal that came while it started, run the job and send back its Outcome. The job's
     code (cloudpickled by the sweep) arrives on the pipe `work` from the sweep's own memory: no
-    file holds it, so nothing another process wrote is ever unpickled."""
+    file holds it, so nothing another process wrote is ever unpickled. The pipe is anonymous and
+    held only by the sweep and this job, the trust multiprocessing's spawn already asks for (it
+    unpickles this very function and its arguments from the sweep over such a pipe); Hydra's job
+    context holds local functions, so the work cannot travel as plain data."""
     import pickle
     global _PIPE
     os.setpgid(0, 0)
