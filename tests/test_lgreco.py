@@ -149,6 +149,19 @@ def test_budget_holds_on_the_measured_errors_and_levels_differ():
     assert solves == 4
 
 
+def test_histogram_counts_layer_steps_and_shares_weigh_layers_by_size():
+    """Levels carried forward between announcements; the shares weigh each layer by its values
+    (hand-computed: sizes 600/300/80/20, two steps uniform at 20x, one at 5/100/100/400x)."""
+    from types import SimpleNamespace
+    m = make()
+    stats = SimpleNamespace(records=[{"lgreco_levels": [20.0] * 4}, {}, {"lgreco_levels": [5.0, 100.0, 100.0, 400.0]}])
+    assert m.level_histogram(stats) == {"5": 1, "20": 8, "100": 2, "400": 1}
+    shares = m.parameter_shares(stats)
+    assert list(shares) == ["5", "20", "100", "400"]
+    assert shares == pytest.approx({"5": 600 / 3000, "20": 2000 / 3000, "100": 380 / 3000, "400": 20 / 3000})
+    assert m.summarize(stats)["layer_sizes"] == SIZES
+
+
 def test_only_the_default_as_candidate_is_static_compression():
     """candidates=[default]: the same averaged gradients and floats as method=static, bit for bit."""
     cfg = make_run(method=dict(name="static"), compressor=dict(name="topk", granularity="layer", cf=20))

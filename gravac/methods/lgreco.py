@@ -310,8 +310,21 @@ class LGreco(CompressingMethod):
             counts.update(f"{cf:g}" for cf in levels or [])
         return {k: counts[k] for k in sorted(counts, key=float)}
 
+    def parameter_shares(self, stats: RunStats) -> dict[str, float]:
+        """Share of parameter-steps at each CF: each layer weighted by its size, so that the many
+        tiny layers (biases, norms: one value sent at any CF) do not outweigh the few large ones."""
+        weight: Counter = Counter()
+        levels: list | None = None
+        for r in stats.records:
+            levels = r.get("lgreco_levels", levels)
+            for cf, n in zip(levels or [], self.sizes):
+                weight[f"{cf:g}"] += n
+        total = sum(weight.values()) or 1
+        return {k: weight[k] / total for k in sorted(weight, key=float)}
+
     def summarize(self, stats: RunStats) -> dict | None:
-        return {"layer_cf_histogram": self.level_histogram(stats)}
+        return {"layer_cf_histogram": self.level_histogram(stats),
+                "parameter_cf_share": self.parameter_shares(stats), "layer_sizes": list(self.sizes)}
 
     def explain(self, stats: RunStats) -> str | None:
         solves = [r for r in stats.records if "lgreco_solve" in r]
@@ -320,11 +333,11 @@ class LGreco(CompressingMethod):
                     f"{self.cfg.period}), so every layer kept its starting CF {self.start_cf(self.cfg):g}x; try a smaller "
                     "method.period or a longer run")
         last = solves[-1]["lgreco_solve"]
-        hist = ", ".join(f"{k}x: {v}" for k, v in self.level_histogram(stats).items())
+        hist = ", ".join(f"{k}x: {v:.0%}" for k, v in self.parameter_shares(stats).items())
         kept = sum(1 for r in solves if r["lgreco_solve"]["fallback"])
         return (f"L-GreCo solved {len(solves)} time(s) ({kept} kept the default levels); last solve predicts "
                 f"{last['floats_predicted']:.4g} floats per step against the default's {last['floats_default']:.4g} "
-                f"at error {last['error_predicted']:.4g} <= budget {last['error_budget']:.4g}; layer-steps per CF: {hist}; "
+                f"at error {last['error_predicted']:.4g} <= budget {last['error_budget']:.4g}; parameter-steps per CF: {hist}; "
                 f"{stats.fewer_than_dense(self.numel):.1f}x fewer floats than dense")
 
     # --- what a configuration means ---------------------------------------------------------------
