@@ -240,3 +240,78 @@ def multilevel_figure(rows: list[dict]):
     h, lab = ax.get_legend_handles_labels()
     _legend(fig, h, lab, ncol if len(models) > 1 else 1)
     return fig
+
+
+def layer_levels(run: Run) -> np.ndarray:
+    """layers × steps matrix of the CF each layer used, from the levels a layer-wise method
+    announces in steps.jsonl when they change (`lgreco_levels`), carried forward."""
+    cols, cur = [], None
+    for s in run.steps:
+        cur = s.get("lgreco_levels", cur)
+        cols.append(cur)
+    first = next((c for c in cols if c), None)
+    if first is None:
+        raise Skip(f"{run.name}: no 'lgreco_levels' in steps.jsonl")
+    return np.array([c if c else [np.nan] * len(first) for c in cols], dtype=float).T
+
+
+def _layer_sizes(g: Group) -> list | None:
+    """Values per layer, from any replica's summary (the same model in every replica)."""
+    for r in g.runs:
+        sizes = ((r.summary or {}).get("method_summary") or {}).get("layer_sizes")
+        if sizes:
+            return sizes
+    return None
+
+
+def levels_figure(ctx: Context, g: Group):
+    """The CF of every layer over the run (first replica) as a heat map, each row labelled with the
+    layer's size, so that a reader sees where the floats go; the caption gives each CF's share of
+    parameter-steps over the replicas that record layer sizes."""
+    runs = [r for r in g.runs if any("lgreco_levels" in s for s in r.steps)]
+    if not runs:
+        raise Skip(f"{g.label}: no 'lgreco_levels' in steps.jsonl")
+    m = layer_levels(runs[0])
+    cfs = sorted({float(v) for v in m[np.isfinite(m)]})
+    edges = np.log10([cfs[0] / 1.5, *[math.sqrt(a * b) for a, b in zip(cfs, cfs[1:])], cfs[-1] * 1.5])
+    cmap = plt.get_cmap("viridis", len(cfs))
+    fig, (ax,), _ = _new(0, height=max(2.2, 0.09 * m.shape[0] + 0.8))
+    im = ax.imshow(np.log10(m), aspect="auto", interpolation="nearest", cmap=cmap, origin="upper",
+                   norm=matplotlib.colors.BoundaryNorm(edges, cmap.N), extent=(0.5, m.shape[1] + 0.5, m.shape[0] - 0.5, -0.5))
+    bar = fig.colorbar(im, ax=ax, ticks=[math.log10(c) for c in cfs], pad=0.01)
+    bar.ax.set_yticklabels([fmt_cf(c) for c in cfs], fontsize=6)
+    bar.set_label("CF of the layer", fontsize=7)
+    sizes = _layer_sizes(g)
+    if sizes and len(sizes) == m.shape[0]:
+        step = max(1, len(sizes) // 24)
+        ax.set_yticks(range(0, len(sizes), step))
+        ax.set_yticklabels([f"{i}: {sizes[i]:,}" for i in range(0, len(sizes), step)], fontsize=5)
+        ax.set_ylabel("layer: values", fontsize=7)
+    else:
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_ylabel("layer", fontsize=7)
+    _iteration_axis(ax)
+    ax.grid(False)
+    _title(fig, label_n(g), _join(ctx.title, f"levels of {runs[0].name}", _shares_note(runs, sizes)))
+    return fig
+
+
+def _shares_note(runs: list[Run], sizes: list | None) -> str:
+    """'parameter-steps per CF: 10x 12%, ...' over the replicas, or '' without layer sizes."""
+    if not sizes:
+        return ""
+    weight: dict[float, float] = {}
+    for r in runs:
+        m = layer_levels(r)
+        if m.shape[0] != len(sizes):
+            continue
+        for row, n in zip(m, sizes):
+            for cf in row[np.isfinite(row)]:
+                weight[float(cf)] = weight.get(float(cf), 0.0) + n
+    total = sum(weight.values()) or 1.0
+    return "parameter-steps per CF: " + ", ".join(f"{fmt_cf(c)} {_pct(w / total)}" for c, w in sorted(weight.items()))
+
+
+def _pct(share: float) -> str:
+    """A share as a whole percent, '<1%' when it would round to a misleading 0%."""
+    return f"{share:.0%}" if share >= 0.005 or share == 0 else "<1%"

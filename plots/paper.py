@@ -156,7 +156,8 @@ def make_figures(ctx: Context, out: Outputs, suffix: str, args) -> list[Group]:
 
 
 def _setting_figures(ctx: Context, g: Group, out: Outputs, suffix: str, args) -> None:
-    """A GraVAC setting's δ, CF and T_compression figures, an Accordion setting's CF figure."""
+    """A GraVAC setting's δ, CF and T_compression figures, an Accordion setting's CF figure, an
+    L-GreCo setting's levels per layer."""
     def one(stem, desc, fn, *a):
         _figure(out, f"{stem}_{g.slug}{suffix}", f"{desc}, {g.label} ({ctx.title})", args, fn, ctx, g, *a)
 
@@ -166,6 +167,8 @@ def _setting_figures(ctx: Context, g: Group, out: Outputs, suffix: str, args) ->
         one("gravac_tcomp", "T_compression per candidate CF", figures.tcomp_figure)
     elif g.method == "accordion":
         one("accordion_cf", "CF sent by Accordion and metric", figures.cf_figure)
+    elif g.method in ("lgreco", "lgreco_accordion"):
+        one("lgreco_levels", "CF of each layer over the run", figures.levels_figure)
 
 
 def _figure(out: Outputs, stem: str, desc: str, args, fn, *a) -> None:

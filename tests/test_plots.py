@@ -822,3 +822,35 @@ def test_a_figure_that_gives_up_is_closed(tmp_path):
     out = Outputs(str(tmp_path / "out"))
     assert _attempt(out, "x", False, gives_up) is None and out.skipped == [("x", "nothing to draw")]
     assert len(plt.get_fignums()) == before
+
+
+def test_levels_figure_draws_each_layer_and_weighs_shares_by_size(tmp_path):
+    """L-GreCo's heat map: one row per layer, levels carried forward between announcements, rows
+    labelled with the layer's values, and the caption's shares weighted by them (hand-computed:
+    sizes 90/10, 5 steps at 10x/10x then 5 at 100x/10x -> 10x 55%, 100x 45%)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from plots import figures
+    from plots.load import load_run
+    levels = lambda i: {"lgreco_levels": [10.0, 10.0]} if i == 0 else {"lgreco_levels": [100.0, 10.0]} if i == 5 else {}
+    ctx = _context(tmp_path, [("lg", "accordion", "topk", 100.0, [10.0] * 10, [.1, .2, .3, .4, .5],
+                               {"extra": levels})])
+    summary = tmp_path / "runs" / "lg" / "summary.json"
+    s = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**s, "method_summary": {"layer_sizes": [90, 10]}}))
+    ctx.groups[0].runs[:] = [load_run(str(summary.parent))]           # reread with the layer sizes
+    fig = figures.levels_figure(ctx, ctx.groups[0])
+    ax = fig.axes[0]
+    img = ax.images[0].get_array()
+    assert np.allclose(img, np.log10([[10] * 5 + [100] * 5, [10] * 10]))
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0: 90", "1: 10"]
+    assert "10x 55%, 100x 45%" in fig._suptitle.get_text().replace("\n", " ")
+    plt.close(fig)
+
+
+def test_levels_figure_skips_a_run_without_levels(tmp_path):
+    from plots import figures
+    from plots.draw import Skip
+    ctx = _context(tmp_path, [("a", "accordion", "topk", 100.0, [10.0] * 10, [.1, .2, .3, .4, .5])])
+    with pytest.raises(Skip, match="lgreco_levels"):
+        figures.levels_figure(ctx, ctx.groups[0])

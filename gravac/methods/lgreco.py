@@ -333,7 +333,7 @@ class LGreco(CompressingMethod):
                     f"{self.cfg.period}), so every layer kept its starting CF {self.start_cf(self.cfg):g}x; try a smaller "
                     "method.period or a longer run")
         last = solves[-1]["lgreco_solve"]
-        hist = ", ".join(f"{k}x: {v:.0%}" for k, v in self.parameter_shares(stats).items())
+        hist = ", ".join(f"{k}x: {v:.0%}" if v >= 0.005 else f"{k}x: <1%" for k, v in self.parameter_shares(stats).items())
         kept = sum(1 for r in solves if r["lgreco_solve"]["fallback"])
         return (f"L-GreCo solved {len(solves)} time(s) ({kept} kept the default levels); last solve predicts "
                 f"{last['floats_predicted']:.4g} floats per step against the default's {last['floats_default']:.4g} "
