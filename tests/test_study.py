@@ -25,7 +25,7 @@ ARMS = sorted(f[:-5] for f in os.listdir(CONF / "arm") if f.endswith(".yaml"))
 EXPECTED = {
     "dense": ("dense", None, None, None, None, None),
     **{f"{c}{cf}": ("static", c, cf, None, None, None) for c in ("topk", "dgc", "redsync", "randomk") for cf in (10, 1000)},
-    "topk100": ("static", "topk", 100, None, None, None),
+    **{f"topk{cf}": ("static", "topk", cf, None, None, None) for cf in (100, 400)},
     "lgreco100": ("lgreco", "topk", None, None, None, None),
     "lgreco_accordion_topk": ("lgreco_accordion", "topk", None, None, None, None),
     "accordion_randomk": ("accordion", "randomk", None, None, None, None),
