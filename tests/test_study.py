@@ -26,6 +26,7 @@ EXPECTED = {
     "dense": ("dense", None, None, None, None, None),
     **{f"{c}{cf}": ("static", c, cf, None, None, None) for c in ("topk", "dgc", "redsync", "randomk") for cf in (10, 1000)},
     "topk100": ("static", "topk", 100, None, None, None),
+    "fp16": ("static", "fp16", None, None, None, None),              # CF 2, fixed by the cast
     "lgreco100": ("lgreco", "topk", None, None, None, None),
     "lgreco_accordion_topk": ("lgreco_accordion", "topk", None, None, None, None),
     "accordion_randomk": ("accordion", "randomk", None, None, None, None),
