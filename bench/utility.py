@@ -101,7 +101,8 @@ def iteration_s(plan: Plan, profile, workers: int, gbps: float, alpha_s: float) 
 def _grid_wins(plan: Plan, ref: Plan, profile, workers: int, alpha_s: float, lo: float, hi: float,
                per_decade: int):
     """gain(g) = ref's time - plan's, the log grid over [lo, hi] and where the plan is faster on it."""
-    gain = lambda g: iteration_s(ref, profile, workers, g, alpha_s) - iteration_s(plan, profile, workers, g, alpha_s)  # noqa: E731
+    def gain(g: float) -> float:
+        return iteration_s(ref, profile, workers, g, alpha_s) - iteration_s(plan, profile, workers, g, alpha_s)
     steps = max(1, math.ceil(per_decade * math.log10(hi / lo)))
     grid = [math.log(lo) + (math.log(hi) - math.log(lo)) * i / steps for i in range(steps + 1)]
     return gain, grid, [gain(math.exp(x)) > 0 for x in grid]
@@ -168,22 +169,30 @@ def numbers(key: str, text: str, kind, low: float, above: bool = False) -> list:
     return sorted(set(vals))
 
 
+def number(key: str, text: str) -> float:
+    """One finite number >= 0, or one InputError line."""
+    vals = numbers(key, text, float, 0)
+    if len(vals) != 1 or "," in text:
+        raise InputError(f"{key}={text}: expected one number >= 0")
+    return vals[0]
+
+
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
     """The script's own keys (checked) and the overrides passed on to the run config."""
     own, rest = dict(DEFAULTS), []
     for a in argv:
         key, eq, value = a.partition("=")
         if not eq:
-            raise InputError(f"{a}: arguments are key=value (keys: {', '.join(OWN_KEYS)}, or any bench/run.py override)")
+            raise InputError(f"{a}: arguments are key=value (keys: {', '.join(OWN_KEYS)}, "
+                             "or any bench/run.py override)")
         if key in OWN_KEYS:
             own[key] = value
         else:
             rest.append(a)
     out = {"workers": numbers("workers", own["workers"], int, 2),
            "bandwidths": numbers("bandwidths", own["bandwidths"], float, 0, above=True),
-           "compute_s": numbers("compute_s", own["compute_s"], float, 0)[0],
-           "cost_scale": numbers("cost_scale", own["cost_scale"], float, 0)[0],
-           "latency_us": numbers("latency_us", own["latency_us"], float, 0)[0] if "latency_us" in own else None,
+           "compute_s": number("compute_s", own["compute_s"]), "cost_scale": number("cost_scale", own["cost_scale"]),
+           "latency_us": number("latency_us", own["latency_us"]) if "latency_us" in own else None,
            "methods": method_specs(own.get("methods")), "out": own.get("out")}
     return out, rest
 
@@ -231,14 +240,13 @@ def record(overrides: list[str], specs, compute_s: float, cost_scale: float, say
     from compressors import COMPRESSORS
     from gravac.cluster.clock import Clock
     from gravac.cluster.comm import SimGroup
+    from gravac.config.cli import check_overrides
     from gravac.config.compose import build_config, register_base
     from gravac.data import load_dataset
     from gravac.loop.workers import Workers
     from gravac.methods import StepContext, build_method
     from gravac.methods.base import method_class
     from gravac.models import build_model
-
-    from gravac.config.cli import check_overrides
 
     torch.set_num_threads(1)        # as the study device was measured (clock.machine=auto needs it)
     check_overrides(overrides, str(ROOT / "conf"))     # bench/run.py's one-line errors for its keys
@@ -271,10 +279,12 @@ def record(overrides: list[str], specs, compute_s: float, cost_scale: float, say
                                                      compute_s=clock.profile.compute_s, samples=2))
         pieces = [Piece(p.params, p.compress_s * cost_scale, list(p.messages)) for p in res.timeline_pieces()]
         if any(not isinstance(x, Msg) for p in pieces for x in p.messages):
-            raise InputError(f"method {name}: its messages were not priced by the network model; cannot re-price them")
+            raise InputError(f"method {name}: its messages were not priced by the network model; "
+                             "cannot re-price them")
         label = method_class(run.method.name).label(run.method, run.compressor)
         plans[name] = Plan(name, label, pieces)
-        wire = getattr(COMPRESSORS[csec["name"]].target, "wire_dtype", None) if csec["name"] in COMPRESSORS else None
+        entry = COMPRESSORS[csec["name"]] if csec["name"] in COMPRESSORS else None
+        wire = getattr(entry.target, "wire_dtype", None) if entry is not None else None
         if wire is not None:
             cast_s[name] = (plans[name].compress_s, wire.itemsize, label)
     for name, (s, nbytes, label) in cast_s.items():      # the casts as torch's hook sends them: per bucket
@@ -341,8 +351,8 @@ def heatmaps(rows: list, even: list, workers: list[int], bandwidths: list[float]
     from matplotlib.colors import LogNorm
     names = list(dict.fromkeys(r["method"] for r in rows if r["method"] not in REFERENCES))
     cols = min(4, len(names))
-    fig, axes = plt.subplots(math.ceil(len(names) / cols), cols, figsize=(3.4 * cols, 2.6 * math.ceil(len(names) / cols)),
-                             squeeze=False)
+    nrows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.4 * cols, 2.6 * nrows), squeeze=False)
     norm = LogNorm(vmin=0.1, vmax=10)
     for ax, name in zip(axes.flat, names):
         grid = [[next(r["speedup_vs_fp16"] for r in rows if r["method"] == name and r["workers"] == n
@@ -391,42 +401,27 @@ def _cell(e: dict, vs: str) -> str:
 
 def write_csv(path: Path, rows: list) -> None:
     """Rows as CSV: whole numbers (bytes) exact, other floats to 6 significant digits."""
-    cell = lambda v: (int(v) if v.is_integer() and abs(v) < 1e15 else f"{v:.6g}") if isinstance(v, float) else v  # noqa: E731
+    def cell(v):
+        if not isinstance(v, float):
+            return v
+        return int(v) if v.is_integer() and abs(v) < 1e15 else f"{v:.6g}"
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows({k: cell(v) for k, v in r.items()} for r in rows)
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        return 0
-    try:
-        args, overrides = parse(argv)
-        plans, profile, base, here = record(overrides, args["methods"], args["compute_s"], args["cost_scale"])
-    except Exception as e:                      # bad input, config or plug-in: one line
-        if type(e).__name__ not in ("InputError", "ConfigError", "UserError", "PluginError", "ConfigCompositionException",
-                                    "MissingConfigException", "OverrideParseException"):
-            raise
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        return 2
-    alpha = (args["latency_us"] if args["latency_us"] is not None else base.network.latency_us) * 1e-6
-    tag = f"{base.model.name}-{base.dataset.name}"
-    out = Path(args["out"] or ROOT / "results" / "utility" / tag)
-    out.mkdir(parents=True, exist_ok=True)
-    rows, even = table(plans, profile, args["workers"], args["bandwidths"], alpha)
-    write_csv(out / "utility.csv", rows)
-    write_csv(out / "break_even.csv", even)
-    heatmaps(rows, even, args["workers"], args["bandwidths"], out / "heatmaps.png")
+def report(args: dict, plans: dict, profile, here: list[str], alpha: float, rows: list, even: list) -> None:
+    """Print the assumptions (loudly), the break-even table and the paragraph."""
     print("ASSUMPTIONS (the numbers below rest on them):")
-    src = "STATED (compute_s=)" if profile.source == "given" else f"profiled ({profile.source}, device '{profile.machine[:60]}')"
+    src = "STATED (compute_s=)" if profile.source == "given" else \
+        f"profiled ({profile.source}, device '{profile.machine[:60]}')"
     print(f"  compute per step: forward {profile.forward_s * 1e3:.2f} ms + backward {profile.backward_s * 1e3:.2f} ms, "
           f"optimizer {profile.optimizer_s * 1e3:.2f} ms: {src}")
+    which = f": of {', '.join(dict.fromkeys(k.split(':')[0] for k in here))}" if here else ""
     print(f"  compression costs x {args['cost_scale']:g}" + (" (STATED scale)" if args["cost_scale"] != 1 else "")
           + f"; {len(here)} operation(s) the device lacked were MEASURED ON THIS HOST on a random normal gradient "
-          f"(under this host's load){': of ' + ', '.join(dict.fromkeys(k.split(':')[0] for k in here)) if here else ''}")
+          f"(under this host's load){which}")
     print(f"  network: ring alpha-beta, latency {alpha * 1e6:g} us per message; every worker sends what worker 0 "
           "does (DGC/RedSync counts vary in practice); decoding/aggregation not timed; casts per bucket pro rata")
     print(f"  break-even: the highest faster-below/slower-above crossing in [{BISECT_GBPS[0]:g}, {BISECT_GBPS[1]:g}] "
@@ -440,6 +435,31 @@ def main(argv=None) -> int:
     print("(never: slower at every bandwidth below; +: also faster above the bandwidth in pays_above_gbps_* "
           "of break_even.csv, where per-message latency dominates DDP's bucketed all-reduces)")
     print("\n" + paragraph(rows, even, args["workers"], args["bandwidths"]))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    from hydra.errors import HydraException
+    from gravac.core.check import ConfigError
+    from gravac.core.errors import UserError
+    from gravac.core.registry import PluginError
+    try:
+        args, overrides = parse(argv)
+        plans, profile, base, here = record(overrides, args["methods"], args["compute_s"], args["cost_scale"])
+    except (InputError, ConfigError, UserError, PluginError, HydraException) as e:   # one line each
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+    alpha = (args["latency_us"] if args["latency_us"] is not None else base.network.latency_us) * 1e-6
+    out = Path(args["out"] or ROOT / "results" / "utility" / f"{base.model.name}-{base.dataset.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    rows, even = table(plans, profile, args["workers"], args["bandwidths"], alpha)
+    write_csv(out / "utility.csv", rows)
+    write_csv(out / "break_even.csv", even)
+    heatmaps(rows, even, args["workers"], args["bandwidths"], out / "heatmaps.png")
+    report(args, plans, profile, here, alpha, rows, even)
     print(f"\nwrote {out / 'utility.csv'}, {out / 'break_even.csv'}, {out / 'heatmaps.png'}")
     return 0
 

@@ -84,6 +84,7 @@ def test_break_even_takes_the_highest_crossing(monkeypatch):
     (["methods=topk:0.5"], "error: methods: 'topk:0.5' is not one of: dense, "),
     (["methods=nope"], "error: methods: 'nope' is not one of: dense, "),
     (["cost_scale=-1"], "error: cost_scale=-1: every value must be a finite number >= 0"),
+    (["compute_s=0.1,0.2"], "error: compute_s=0.1,0.2: expected one number >= 0"),
     (["workers"], "error: workers: arguments are key=value"),
     (["model=nope"], "error: unknown model 'nope'; choose one of: "),         # bench/run.py's own check
 ])
@@ -101,7 +102,8 @@ def test_run_on_the_study_device(tmp_path, capsys):
     assert utility.main(["model=resnet_mini", "dataset=synthetic", "workers=8,32", "bandwidths=1,100",
                          "methods=topk:100", "compute_s=0.5", f"out={out}"]) == 0
     text = capsys.readouterr().out
-    assert "forward" in text and "STATED (compute_s=)" in text and "At N=32 on 100 Gbit/s" in text   # the middle cell (no 25 Gbit/s)
+    assert "forward" in text and "STATED (compute_s=)" in text
+    assert "At N=32 on 100 Gbit/s" in text          # the middle cell when 25 Gbit/s is not asked for
     rows = list(csv.DictReader((out / "utility.csv").open()))
     assert len(rows) == 3 * 2 * 2 and {r["method"] for r in rows} == {"dense", "fp16", "topk:100"}
     by = {(r["method"], r["workers"], r["bandwidth_gbps"]): r for r in rows}
