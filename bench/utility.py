@@ -11,7 +11,8 @@ then priced at every (workers N, bandwidth) on the suite's overlap timeline
 fp32 and the 16-bit casts all-reduce DDP's buckets as backward produces them (overlap); methods
 that compress the whole gradient after backward (Top-k, DGC, Random-k, the quantizers, PowerSGD)
 send after it, as the suite's methods do. Speedups are against dense fp32 with overlap and against
-dense fp16 (torch's fp16 hook: the same buckets at 2 bytes a value plus the cast); the break-even
+dense fp16 (method=static compressor=fp16: torch's fp16 hook, the same buckets at 2 bytes a value
+plus the cast, gravac/methods/static.py); the break-even
 bandwidth is where a method's iteration time equals the reference's (the highest such crossing in
 [1 Mbit/s, 10 Tbit/s], found on a log grid and refined by bisection): below it the method pays.
 
@@ -73,7 +74,7 @@ class Plan:
     name: str
     label: str
     pieces: list[Piece]
-    cast: bool = False          # a 16-bit cast on DDP's buckets (a baseline's variant, not a compressor)
+    cast: bool = False          # a 16-bit cast (a baseline's variant, not a compressor)
 
     @property
     def wire_bytes(self) -> float:
@@ -141,19 +142,6 @@ def pays_above(plan: Plan, ref: Plan, profile, workers: int, alpha_s: float, lo:
         return 0.0
     i = max(i for i, w in enumerate(wins) if not w)
     return _bisect(gain, grid[i], grid[i + 1], False)
-
-
-def half_plan(dense: Plan, cast_s: float, value_bytes: int, sizes: list[int], name: str, label: str) -> Plan:
-    """Dense DDP buckets sent in 16 bits (torch's fp16/bf16 hook): each bucket casts its share of
-    the whole cast's cost (pro rata to its elements) when ready, then all-reduces `value_bytes` a
-    value instead of 4."""
-    total = sum(sizes)
-    pieces = []
-    for p in dense.pieces:
-        share = sum(sizes[i] for i in p.params) / total if p.params is not None else 1.0
-        pieces.append(Piece(p.params, cast_s * share,
-                            [Msg(float(m) * value_bytes / 4, m.kind, m.nbytes * value_bytes / 4) for m in p.messages]))
-    return Plan(name, label, pieces, cast=True)
 
 
 # --- the command line ----------------------------------------------------------------------------
@@ -269,7 +257,7 @@ def record(overrides: list[str], specs, compute_s: float, cost_scale: float, say
     workers.check_memory(0)
     clock = Clock.build(base, workers, group, say)
     grad = torch.randn(workers.numel, generator=torch.Generator().manual_seed(0)) * 1e-2
-    plans, cast_s = {}, {}
+    plans = {}
     for name, msec, csec in specs:
         run = build_config({**dataclasses.asdict(base), "method": msec, "compressor": csec})
         m = build_method(run, group, workers.sizes, torch.device("cpu"), buckets=clock.buckets, costs=clock.costs,
@@ -282,13 +270,8 @@ def record(overrides: list[str], specs, compute_s: float, cost_scale: float, say
             raise InputError(f"method {name}: its messages were not priced by the network model; "
                              "cannot re-price them")
         label = method_class(run.method.name).label(run.method, run.compressor)
-        plans[name] = Plan(name, label, pieces)
-        entry = COMPRESSORS[csec["name"]] if csec["name"] in COMPRESSORS else None
-        wire = getattr(entry.target, "wire_dtype", None) if entry is not None else None
-        if wire is not None:
-            cast_s[name] = (plans[name].compress_s, wire.itemsize, label)
-    for name, (s, nbytes, label) in cast_s.items():      # the casts as torch's hook sends them: per bucket
-        plans[name] = half_plan(plans["dense"], s, nbytes, workers.sizes, name, f"{label} (DDP buckets)")
+        cast = csec["name"] in COMPRESSORS and hasattr(COMPRESSORS[csec["name"]].target, "wire_dtype")
+        plans[name] = Plan(name, label, pieces, cast=cast)
     return plans, clock.profile, base, list(clock.costs.measured)
 
 
@@ -423,7 +406,8 @@ def report(args: dict, plans: dict, profile, here: list[str], alpha: float, rows
           + f"; {len(here)} operation(s) the device lacked were MEASURED ON THIS HOST on a random normal gradient "
           f"(under this host's load){which}")
     print(f"  network: ring alpha-beta, latency {alpha * 1e6:g} us per message; every worker sends what worker 0 "
-          "does (DGC/RedSync counts vary in practice); decoding/aggregation not timed; casts per bucket pro rata")
+          "does (DGC/RedSync counts vary in practice); decoding/aggregation not timed; a cast's cost shared by "
+          "the buckets pro rata")
     print(f"  break-even: the highest faster-below/slower-above crossing in [{BISECT_GBPS[0]:g}, {BISECT_GBPS[1]:g}] "
           "Gbit/s (8 points a decade, then bisection)")
     print(f"\n{'method':42s} " + " ".join(f"{'N=' + str(n):>18s}" for n in args["workers"]))

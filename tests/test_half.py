@@ -92,6 +92,27 @@ def test_static_step_counts_and_clock(name):
     assert torch.equal(res.grad, expect)
 
 
+def test_sent_per_ddp_bucket_as_the_hook_does():
+    """With the clock's DDP buckets ([2], [1, 0] in backward order) static fp16 sends one 16-bit
+    all-reduce per bucket (2 bytes a value: 400 and 1600 bytes), each after its share of the cast
+    (200 and 800 of the 1000 elements' 5 ms), so it overlaps backward like dense SGD; the values
+    and what is counted are those of one all-reduce."""
+    run = make_run(method=dict(name="static"), compressor=dict(name="fp16"))
+    group = SimGroup(2, NetworkModel(alpha_s=1e-5, beta_Bps=1e8))
+    costs = OpCosts(group, cache=None, machine="test", say=lambda *_: None)
+    m = build_method(run, group, SIZES, torch.device("cpu"), buckets=[[2], [1, 0]], costs=costs)
+    grads = [torch.randn(1000, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+    m.step(grads, ctx(0))
+    costs.table = {k: (0.004 if ":compress(" in k else 0.001) for k in costs.table}
+    res = m.step(grads, ctx(1))
+    ar = [group.net.allreduce(400, 2), group.net.allreduce(1600, 2)]
+    assert [(p.params, p.messages) for p in res.pieces] == [([2], [ar[0]]), ([1, 0], [ar[1]])]
+    assert [p.compress_s for p in res.pieces] == [pytest.approx(0.001), pytest.approx(0.004)]
+    assert res.comm.messages == ar and res.comm.modelled_s == pytest.approx(sum(ar))
+    assert (res.cf, res.floats_sent, res.comm.wire_bytes) == (2.0, 500.0, 2000)
+    assert torch.equal(res.grad, (grads[0].half() / 2 + grads[1].half() / 2).float())
+
+
 def test_error_feedback_keeps_the_rounding_error():
     """With compressor.error_feedback=true the residual is exactly g - fp16(g) and is sent next."""
     run = make_run(method=dict(name="static"), compressor=dict(name="fp16", error_feedback=True))
