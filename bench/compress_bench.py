@@ -35,7 +35,6 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from compressors import COMPRESSORS, Compressor, build_compressor, target_k  # noqa: E402
-from compressors.packed import Quantizer  # noqa: E402
 from gravac.core.io import atomic_write  # noqa: E402
 
 SIZES = {"resnet101": 44_549_160, "vgg16": 138_357_544, "lstm": 66_034_000}
@@ -207,8 +206,10 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
 
 
 def is_quantizer(name: str) -> bool:
-    """A quantizer's CF is fixed by its code width: timed once, without multi-level rows."""
-    return name in COMPRESSORS and issubclass(COMPRESSORS[name].target, Quantizer)
+    """A compressor whose options fix its CF (a quantizer's code width, a 16-bit cast): timed
+    once, encode and decode, without multi-level rows."""
+    e = COMPRESSORS[name] if name in COMPRESSORS else None
+    return e is not None and e.target.fixed_cf(e.config(name=name)) is not None
 
 
 def fmt(v, spec: str) -> str:
@@ -227,7 +228,7 @@ def print_tables(rows: list[dict], threads: int, lo: float, hi: float) -> None:
               f"{fmt(r.get('speedup_vs_torch_topk'), '8.2f'):>8} {r.get('same_set_as_torch', ''):>8}")
     quant = [r for r in rows if r["kind"] == "quantize"]
     if quant:
-        print("\nQuantizers (CF fixed by the code width): encode, decode, and both in passes")
+        print("\nQuantizers and 16-bit casts (CF fixed by the code width): encode, decode, and both in passes")
         print(f"{'size':10} {'dist':6} {'compressor':10} {'CF':>6} {'encode ms':>10} {'decode ms':>10} {'both ms':>9} "
               f"{'passes':>7} {'wire bytes':>11}")
         for r in quant:

@@ -641,6 +641,7 @@ def test_compress_bench_quick(tmp_path):
     assert {"compress", "multilevel"} <= kinds
     assert {r["compressor"] for r in rows} >= {"topk", "dgc", "redsync", "randomk"}
     quant = {r["compressor"]: r for r in rows if r["kind"] == "quantize"}   # timed once, no multi-level rows
-    assert set(quant) == {"qsgd", "terngrad", "efsignsgd", "quant"}
+    assert set(quant) == {"qsgd", "terngrad", "efsignsgd", "quant", "fp16", "bf16"}   # every fixed-CF one
     assert not {r["compressor"] for r in rows if r["kind"] in ("compress", "multilevel")} & set(quant)
     assert float(quant["efsignsgd"]["cf"]) == pytest.approx(32, rel=1e-3) and float(quant["qsgd"]["passes"]) > 0
+    assert float(quant["fp16"]["cf"]) == 2.0 and int(quant["bf16"]["wire_bytes"]) == 2 * int(quant["bf16"]["numel"])

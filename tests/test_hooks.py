@@ -172,7 +172,8 @@ def test_gravac_hook_applies_the_in_loop_decision_one_step_later(gain):
 WORLD, DDP_STEPS = 2, 4
 COMPRESSORS_DDP = {"topk": dict(compressor="topk", cf=4), "dgc": dict(compressor="dgc", cf=4),
                    "randomk": dict(compressor="randomk", cf=4),
-                   "qsgd": dict(compressor="qsgd", levels=7, bucket=16), "efsignsgd": dict(compressor="efsignsgd")}
+                   "qsgd": dict(compressor="qsgd", levels=7, bucket=16), "efsignsgd": dict(compressor="efsignsgd"),
+                   "fp16": dict(compressor="fp16"), "bf16": dict(compressor="bf16", error_feedback=True)}
 
 
 def test_sparse_hook_quantizer_by_hand():

@@ -45,6 +45,12 @@ for _c, _opts in [("qsgd", {"levels": 7, "bucket": 64}), ("terngrad", {}), ("efs
                   ("quant", {"bits": 4, "bucket": 100, "rounding": "stochastic"})]:
     SCENARIOS[f"static_{_c}"] = dict(steps=6, method=dict(name="static"),
                                      compressor=dict(name=_c, granularity="layer", **_opts))
+# 16-bit casts: values divided by the world size, then all-reduced in 16 bits (gloo sums them in
+# fp16/bf16 as the simulated cluster does); error feedback on for bf16 (its residual: the rounding)
+SCENARIOS["static_fp16"] = dict(steps=6, method=dict(name="static"), compressor=dict(name="fp16"))
+SCENARIOS["static_bf16"] = dict(steps=6, method=dict(name="static"), compressor=dict(name="bf16", error_feedback=True))
+SCENARIOS["mergecomp_fp16"] = dict(steps=6, method=dict(name="mergecomp", groups=2, search="none"),
+                                   compressor=dict(name="fp16"))
 SCENARIOS["mergecomp_qsgd"] = dict(steps=6, method=dict(name="mergecomp", groups=2, search="none"),
                                    compressor=dict(name="qsgd", bucket=128))
 # exclusive partitions: per-worker counts differ, the union's indices go through the index all-gather
@@ -219,7 +225,8 @@ def test_payload_values_travel_in_their_own_dtype(ddp_results):
 
 
 def test_quantized_steps_send_their_packed_bytes(ddp_results):
-    """Static QSGD (4-bit codes, a norm per 64 elements of each layer): 1000 codes in 500 bytes
+    """16-bit casts: 2000 bytes for 1000 values, floats 500, CF 2 (MergeComp: over its 2 groups).
+    Static QSGD (4-bit codes, a norm per 64 elements of each layer): 1000 codes in 500 bytes
     plus 17 norms, floats = wire bytes / 4, cf = 1000 / floats, every step, on both backends; the
     per-worker draws differ (the average is not one worker's codes)."""
     groups = sum(-(-m // 64) for m in SIZES)          # 8 + 5 + 4
@@ -227,5 +234,8 @@ def test_quantized_steps_send_their_packed_bytes(ddp_results):
         for r in records(ddp_results, rank, "static_qsgd"):
             assert r["wire_bytes"] == 500 + 4 * groups == 568
             assert r["floats_sent"] == 568 / 4 and r["cf"] == pytest.approx(1000 / 142)
+    for name in ("static_fp16", "static_bf16", "mergecomp_fp16"):     # 2 bytes a value, half the floats
+        for r in records(ddp_results, 0, name):
+            assert (r["wire_bytes"], r["floats_sent"], r["cf"]) == (2000, 500.0, 2.0)
     ef = records(ddp_results, 0, "static_efsignsgd")[0]
     assert ef["wire_bytes"] == 125 + 3 * 4 and ef["cf"] == pytest.approx(1000 / (137 / 4))

@@ -28,6 +28,7 @@ EXPECTED = {
     **{f"topk{cf}": ("static", "topk", cf, None, None, None) for cf in (8, 16, 32, 64, 100, 400)},
     **{a: ("static", c, None, None, None, None) for a, c in (("qsgd8", "qsgd"), ("terngrad", "terngrad"),
                                                              ("efsignsgd", "efsignsgd"), ("quant4", "quant"))},
+    "fp16": ("static", "fp16", None, None, None, None),              # CF 2, fixed by the cast
     "lgreco100": ("lgreco", "topk", None, None, None, None),
     "lgreco_accordion_topk": ("lgreco_accordion", "topk", None, None, None, None),
     "accordion_randomk": ("accordion", "randomk", None, None, None, None),

@@ -73,6 +73,13 @@ def unpack_sparse(bufs: Sequence[torch.Tensor], counts: Sequence[int], padded: i
     return values, indices
 
 
+def half_wire(p, world: int) -> torch.Tensor:
+    """What a worker puts into the 16-bit all-reduce of a cast payload (compressors/half.py): its
+    16-bit values divided by the world size in 16 bits, before the sum (as torch's
+    fp16_compress_hook), so the sum of N contributions cannot overflow where their mean would not."""
+    return p.wire.div(world)
+
+
 def packed_mean(bufs: Sequence[torch.Tensor], like, world: int) -> torch.Tensor:
     """Mean of every worker's packed payload (`QuantPayload.to_bytes`, rank order), each decoded
     with the layout of `like` and added in rank order, exactly as every backend does."""
@@ -160,12 +167,15 @@ class Group:
 
         Dense payloads are all-reduced; shared-index payloads (same indices on every worker)
         all-reduce just their values; other sparse payloads go through a padded all-gather.
-        Quantized (packed) payloads are all-gathered and decoded (`aggregate_packed`).
+        Quantized (packed) payloads are all-gathered and decoded (`aggregate_packed`); 16-bit
+        casts are all-reduced in 16 bits (`aggregate_half`).
         All workers must pass payloads of the same kind in the same step.
         """
         p = payloads[0]
         if getattr(p, "packed", False):
             return self.aggregate_packed(payloads)
+        if getattr(p, "half", False):
+            return self.aggregate_half(payloads)
         if p.indices is None:
             return self.allreduce_mean([q.values for q in payloads])
         if p.shared:
@@ -195,6 +205,18 @@ class Group:
         out = packed_mean(bufs, p, self.world)
         nbytes = p.wire_bytes()
         m = self.net.allgather(nbytes, self.world)
+        return out, CommStats(nbytes, m, time.perf_counter() - t0, p.floats, [m])
+
+    def aggregate_half(self, payloads) -> tuple[torch.Tensor, CommStats]:
+        """Mean of 16-bit cast payloads (compressors/half.py): every worker's values divided by
+        the world size (`half_wire`), summed in 16 bits by one all-reduce, cast back to the
+        gradient's dtype. Floats are wire bits / 32 (numel / 2); the modelled all-reduce moves 2
+        bytes per value."""
+        t0 = time.perf_counter()
+        p = payloads[0]
+        out = self._allreduce_sum([half_wire(q, self.world) for q in payloads]).to(p.dtype)
+        nbytes = p.wire_bytes()
+        m = self.net.allreduce(nbytes, self.world)
         return out, CommStats(nbytes, m, time.perf_counter() - t0, p.floats, [m])
 
     def allgather_indices(self, indices: list[torch.Tensor], numel: int) -> tuple[list[torch.Tensor], CommStats]:

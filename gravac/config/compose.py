@@ -149,15 +149,15 @@ def _check(run: RunConfig) -> None:
         usable = registries()["compressor"].names()
         raise ConfigError(f"method={m.name} needs a compressor; set compressor= one of: {', '.join(usable)}")
     comps = registries()["compressor"]
-    if c.name in comps and _fixed_cf(comps[c.name], c) is not None:     # a quantizer: no CF to choose
+    if c.name in comps and _fixed_cf(comps[c.name], c) is not None:     # a quantizer or cast: no CF to choose
         if method_class(m.name).needs_compressor and not method_class(m.name).takes_fixed_cf:
             takers = [f"method={n}" for n in registries()["method"].names() if method_class(n).takes_fixed_cf]
             raise ConfigError(f"method={m.name} chooses compression factors, and compressor={c.name} has none to "
-                              f"choose (a quantizer's CF is fixed by its code width): use {' or '.join(takers)} "
-                              f"with it, or a sparsifier ({_sparsifiers(comps)})")
+                              f"choose (its options fix its CF: a quantizer's code width, a 16-bit cast's 2x): "
+                              f"use {' or '.join(takers)} with it, or a sparsifier ({_sparsifiers(comps)})")
         if getattr(m, "probe_cfs", None):
-            raise ConfigError(f"method.probe_cfs needs multi-level compression, which compressor={c.name} (a "
-                              f"quantizer) cannot do: leave method.probe_cfs empty, or use a sparsifier "
+            raise ConfigError(f"method.probe_cfs needs multi-level compression, which compressor={c.name} (its "
+                              f"CF is fixed) cannot do: leave method.probe_cfs empty, or use a sparsifier "
                               f"({_sparsifiers(comps)})")
     fit = method_class(m.name).config_errors(m, c) if c.name in comps else []
     if fit:

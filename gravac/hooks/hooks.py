@@ -31,8 +31,9 @@ a compressor and an error-feedback memory (compressors/), built afresh when the 
 changes (DDP rebuilds its buckets after the first iteration); `bucket.is_last()` ends a step.
 Dense and shared-index payloads are all-reduced, other sparse payloads go through the padded
 all-gather of gravac.cluster.comm (counts first; never an empty buffer), quantized (packed) payloads
-through an all-gather of their bytes (one size on every rank), and the average is formed the way the
-Method does it (gravac.cluster.comm.sparse_mean, packed_mean), so a bucket's result equals the static
+through an all-gather of their bytes (one size on every rank), 16-bit casts (fp16, bf16) through a
+16-bit all-reduce of their values divided by the world size first (half_wire), and the average is
+formed the way the Method does it (gravac.cluster.comm.sparse_mean, packed_mean), so a bucket's result equals the static
 Method's on that bucket bit for bit. Every collective is issued by the hook itself, in bucket order,
 and only decoding is chained as a Future callback.
 
@@ -142,9 +143,11 @@ class GraVACState(CompressionState):
         batch_size = checked(HookOptions, {"batch_size": batch_size}, type(self).__name__).batch_size
         comp_cfg = compressor_cfg(compressor, **comp_opts)
         if COMPRESSORS[compressor].target.fixed_cf(comp_cfg) is not None:
+            free = [n for n in COMPRESSORS.names()
+                    if COMPRESSORS[n].target.fixed_cf(COMPRESSORS[n].config(name=n)) is None]
             raise ValueError(f"GraVAC chooses compression factors, and compressor={compressor!r} has none to choose "
-                             "(a quantizer's CF is fixed by its code width): use SparseState for it, or a sparsifier "
-                             "(topk, dgc, redsync, randomk)")
+                             "(its options fix its CF: a quantizer's code width, a 16-bit cast's 2x): use "
+                             f"SparseState for it, or a sparsifier ({', '.join(free)})")
         super().__init__(process_group, comp_cfg, seed=seed, momentum=momentum)
         self.cfg, self.batch_size = cfg, batch_size
         self.code = cfg.gain == "code"

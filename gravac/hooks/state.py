@@ -16,7 +16,7 @@ from compressors import COMPRESSORS, COUNT_BYTES, ErrorFeedback, Payload, from_c
 from compressors.base import mix_seed
 from gravac.core.registry import option
 from gravac.core.check import checked
-from gravac.cluster.comm import pack_sparse, packed_mean, sparse_mean, unpack_sparse
+from gravac.cluster.comm import half_wire, pack_sparse, packed_mean, sparse_mean, unpack_sparse
 from gravac.methods.base import CompressingMethod, step_seed
 
 def compressor_cfg(name: str, **values):
@@ -145,6 +145,8 @@ class CompressionState:
         self._numel += out.numel()
         if getattr(p, "packed", False):
             return self._allgather_packed(p, out)
+        if getattr(p, "half", False):
+            return self._allreduce_half(p, out)
         if p.indices is None:
             return self._allreduce(p.values, out, lambda mean: out.copy_(mean))
         if p.shared:
@@ -162,6 +164,14 @@ class CompressionState:
         world = self.world
         fut = self.group.allreduce([t]).get_future()
         return fut.then(lambda f: finish(f.value()[0].div_(world)))
+
+    def _allreduce_half(self, p, out: torch.Tensor):
+        """All-reduce of a 16-bit cast payload divided by the world size before the sum, cast back
+        (the Method's Group.aggregate_half, so the bucket's mean is the same bit for bit)."""
+        self._floats += p.floats
+        self._wire += p.wire_bytes()
+        fut = self.group.allreduce([half_wire(p, self.world)]).get_future()
+        return fut.then(lambda f: out.copy_(f.value()[0]))
 
     def _allgather_packed(self, p, out: torch.Tensor):
         """All-gather of a quantized payload's bytes (the same size on every rank: no count, no

@@ -379,7 +379,10 @@ def _text(v) -> str:
 
 def raise_diverged(err: Exception, step: int, method: str):
     """Turn a compressor's NaN/Inf complaint into the run's one-line divergence error."""
+    from compressors.half import CastOverflow
     from gravac.core.errors import DivergedError
+    if isinstance(err, CastOverflow):
+        raise DivergedError(f"step {step}: {err} (method={method})") from None
     if "nan" in str(err).lower() or "inf" in str(err).lower():
         raise DivergedError(f"step {step}: gradient contains NaN/Inf (method={method}); "
                             "lower train.lr or enable train.grad_clip") from None

@@ -40,6 +40,8 @@ def payload_messages(net, world: int, p: Payload) -> list[float]:
     """Modelled seconds of the messages Group.aggregate sends for payload p."""
     if getattr(p, "packed", False):          # a quantizer's bytes, all-gathered (no count)
         return [net.allgather(p.wire_bytes(), world)]
+    if getattr(p, "half", False):            # a 16-bit cast, all-reduced in 16 bits
+        return [net.allreduce(p.wire_bytes(), world)]
     es = p.values.element_size()
     if p.indices is None:
         return [net.allreduce(p.numel * es, world)]

@@ -11,6 +11,7 @@ from gravac.methods.base import (METHODS, CompressingMethod, StepContext, StepRe
                                  raise_diverged)
 from gravac.methods.dense import allreduce_dense
 from gravac.core.schema import MethodCfg
+from gravac.cluster.timeline import Piece
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Static(CompressingMethod):
     smoothed (`gain_code`). With `probe_cfs`, the sent payload is also compressed further
     (multi-level) to each larger probe CF and both gains are recorded there (`probe_gain`,
     `probe_gain_code_raw`, `probe_gain_code`). All of it is bookkeeping: neither timed nor sent.
+
+    A 16-bit cast (fp16, bf16) is sent per DDP bucket, overlapping backward (`in_buckets`).
 
     `send=dense` makes the run a gain probe on dense SGD's trajectory: it compresses (timed) only to
     record the gains, then all-reduces the full gradient and keeps no residual. That is what GraVAC
@@ -61,8 +64,22 @@ class Static(CompressingMethod):
             res.compress_s, res.compress_model_s, res.pieces = c.seconds, c.model_s, None
         else:
             res = self.finish(c)
+            if getattr(c.payloads[0], "half", False) and self.env.buckets:
+                self.in_buckets(res)
         res.extra.update(self.gains(grads, c, cf, ctx.step))
         return res
+
+    def in_buckets(self, res: StepResult) -> None:
+        """A 16-bit cast is elementwise, so it is sent as DDP's fp16/bf16 hook sends it: per DDP
+        bucket as backward produces it, each bucket casting its share of the cast's cost (pro rata
+        to its elements) and all-reducing 2 bytes a value, so it keeps dense SGD's overlap. The
+        values are reduced in one call (the sum is the same), as the dense method's buckets are."""
+        sizes = [sum(self.sizes[i] for i in b) for b in self.env.buckets]
+        width = res.comm.wire_bytes / self.numel
+        messages = [self.group.net.allreduce(n * width, self.group.world) for n in sizes]
+        cast = res.compress_s if res.compress_model_s is None else res.compress_model_s
+        res.pieces = [Piece(b, cast * n / self.numel, [m]) for b, n, m in zip(self.env.buckets, sizes, messages)]
+        res.comm.messages, res.comm.modelled_s = messages, sum(messages)
 
     def gains(self, grads, c, cf: float, step: int) -> dict:
         """Both gain definitions at the CF sent and at every larger probe CF, over all workers."""

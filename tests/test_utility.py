@@ -1,0 +1,118 @@
+"""bench/utility.py: iteration times on the suite's overlap timeline for a hand-computed 2-bucket
+toy, break-even bandwidths against their closed form, one-line input errors, and one real run."""
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+from bench import utility
+from gravac.cluster.profile import DeviceProfile
+from gravac.cluster.timeline import Piece
+
+Msg, Plan = utility.Msg, utility.Plan
+
+# forward 10 ms; backward 20 ms, parameter 1's gradient ready after 10 ms, parameter 0's at the end
+TOY = DeviceProfile(forward_s=0.01, backward_s=0.02, ready_s=[0.02, 0.01], optimizer_s=0.001, source="given")
+DENSE = Plan("dense", "Dense", [Piece([1], 0.0, [Msg(0.0, "allreduce", 2e6)]),
+                                Piece([0], 0.0, [Msg(0.0, "allreduce", 2e6)])])
+
+
+def test_two_bucket_toy_by_hand():
+    """N = 2 at 0.8 Gbit/s (1e8 B/s), no latency: a 2 MB all-reduce takes 2(N-1)/N x 2e6 / 1e8 =
+    20 ms. Overlap: bucket 1 leaves at 20 ms (forward + 10 ms), ends at 40; bucket 0 is ready at
+    30 and waits for the link: 40 -> 60; + optimizer = 61 ms. Both after backward (one piece):
+    30 + 40 + 1 = 71 ms. fp16 halves each message (10 ms): 20 -> 30, 30 -> 40, 41 ms; with a
+    4 ms cast shared by equal buckets (2 ms each, delaying backward): bucket 1 cast 20-22, sent
+    22-32; bucket 0 ready at 32, cast 32-34, sent 34-44: 45 ms. (Static fp16 builds such pieces,
+    tests/test_half.py.)"""
+    assert utility.iteration_s(DENSE, TOY, 2, 0.8, 0.0) == pytest.approx(0.061)
+    serial = Plan("one", "One piece", [Piece(None, 0.0, [m for p in DENSE.pieces for m in p.messages])])
+    assert utility.iteration_s(serial, TOY, 2, 0.8, 0.0) == pytest.approx(0.071)
+    def fp16(cast_s):
+        return Plan("fp16", "FP16", [Piece(p.params, cast_s, [Msg(0.0, "allreduce", 1e6)]) for p in DENSE.pieces])
+    assert fp16(0.0).wire_bytes == DENSE.wire_bytes / 2 == 2e6
+    assert utility.iteration_s(fp16(0.0), TOY, 2, 0.8, 0.0) == pytest.approx(0.041)
+    assert utility.iteration_s(fp16(0.002), TOY, 2, 0.8, 0.0) == pytest.approx(0.045)
+    # latency: each all-reduce adds 2(N-1) alpha = 20 us at N = 2, on both buckets' chain
+    assert utility.iteration_s(DENSE, TOY, 2, 0.8, 1e-5) == pytest.approx(0.061 + 2 * 2e-5)
+
+
+def test_break_even_matches_the_closed_form():
+    """Everything after backward: dense all-reduce of D against compression c plus an all-gather of
+    b. Equal when c + (N-1)a + (N-1)b/B = 2(N-1)a + 2(N-1)/N D/B, i.e.
+    B* = (2(N-1)/N D - (N-1) b) / (c - (N-1) a); below B* the compressed step is faster."""
+    prof = DeviceProfile(forward_s=0.0, backward_s=0.05, ready_s=[], optimizer_s=0.0, source="given")
+    n, a, D, b, c = 8, 1e-5, 4e7, 4e5, 0.01
+    ref = Plan("dense", "Dense", [Piece(None, 0.0, [Msg(0.0, "allreduce", D)])])
+    comp = Plan("topk", "Top-k", [Piece(None, c, [Msg(0.0, "allgather", b)])])
+    closed = (2 * (n - 1) / n * D - (n - 1) * b) / (c - (n - 1) * a) * 8 / 1e9
+    assert closed == pytest.approx(54.14, rel=1e-3)
+    assert utility.break_even(comp, ref, prof, n, a) == pytest.approx(closed, rel=1e-9)
+    never = Plan("big", "Big", [Piece(None, c, [Msg(0.0, "allgather", D)])])     # N x the bytes, and slower
+    assert utility.break_even(never, ref, prof, n, a) == 0.0
+    free = Plan("free", "Free", [Piece(None, 0.0, [Msg(0.0, "allgather", b)])])  # no cost, fewer bytes
+    assert math.isinf(utility.break_even(free, ref, prof, n, a))
+
+
+def test_break_even_takes_the_highest_crossing(monkeypatch):
+    """A method faster only in two bands, 0.1-1 and 10-100 Gbit/s (a near-tie in bytes can do
+    that): its break-even is the top of the higher band, 100, found on the grid then bisected.
+    Faster only above 5 Gbit/s (latency-bound): no "pays below", pays above 5. Faster everywhere:
+    inf below, 0 above; nowhere: 0 below, inf above."""
+    bands = {"two": [(0.1, 1.0), (10.0, 100.0)], "top": [(5.0, 1e5)], "none": [], "all": [(0, 1e5)]}
+    monkeypatch.setattr(utility, "iteration_s", lambda plan, prof, n, g, a: 1.0 if plan.name == "ref" else
+                        0.9 if any(x < g < y for x, y in bands[plan.name]) else 1.1)
+    ref = Plan("ref", "Ref", [])
+    assert utility.break_even(Plan("two", "", []), ref, TOY, 8, 0.0) == pytest.approx(100.0, rel=1e-9)
+    assert math.isinf(utility.pays_above(Plan("two", "", []), ref, TOY, 8, 0.0))
+    top = Plan("top", "", [])
+    assert utility.break_even(top, ref, TOY, 8, 0.0) == 0.0
+    assert utility.pays_above(top, ref, TOY, 8, 0.0) == pytest.approx(5.0, rel=1e-9)
+    assert utility.break_even(Plan("none", "", []), ref, TOY, 8, 0.0) == 0.0
+    assert math.isinf(utility.pays_above(Plan("none", "", []), ref, TOY, 8, 0.0))
+    assert math.isinf(utility.break_even(Plan("all", "", []), ref, TOY, 8, 0.0))
+    assert utility.pays_above(Plan("all", "", []), ref, TOY, 8, 0.0) == 0.0
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["workers=8,x"], "error: workers=8,x: expected a comma list of ints >= 2"),
+    (["workers=1,8"], "error: workers=1,8: every value must be a finite number >= 2"),
+    (["bandwidths=10Gbps"], "error: bandwidths=10Gbps: expected a comma list of floats > 0 in Gbit/s"),
+    (["bandwidths=0,10"], "error: bandwidths=0,10: every value must be a finite number > 0 in Gbit/s"),
+    (["methods=topk:0.5"], "error: methods: 'topk:0.5' is not one of: dense, "),
+    (["methods=nope"], "error: methods: 'nope' is not one of: dense, "),
+    (["cost_scale=-1"], "error: cost_scale=-1: every value must be a finite number >= 0"),
+    (["compute_s=0.1,0.2"], "error: compute_s=0.1,0.2: expected one number >= 0"),
+    (["workers"], "error: workers: arguments are key=value"),
+    (["model=nope"], "error: unknown model 'nope'; choose one of: "),         # bench/run.py's own check
+])
+def test_bad_input_is_one_line(argv, line, capsys):
+    assert utility.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1, err
+
+
+def test_run_on_the_study_device(tmp_path, capsys):
+    """resnet_mini on synthetic data (its profile is the study device's): a row per method, N and
+    bandwidth; fp16 sends half of dense's bytes on the same buckets, Top-k all-gathers after
+    backward; a stated compute time is used and said to be an assumption."""
+    out = tmp_path / "u"
+    assert utility.main(["model=resnet_mini", "dataset=synthetic", "workers=8,32", "bandwidths=1,100",
+                         "methods=topk:100", "compute_s=0.5", f"out={out}"]) == 0
+    text = capsys.readouterr().out
+    assert "forward" in text and "STATED (compute_s=)" in text
+    assert "At N=32 on 100 Gbit/s" in text          # the middle cell when 25 Gbit/s is not asked for
+    rows = list(csv.DictReader((out / "utility.csv").open()))
+    assert len(rows) == 3 * 2 * 2 and {r["method"] for r in rows} == {"dense", "fp16", "topk:100"}
+    by = {(r["method"], r["workers"], r["bandwidth_gbps"]): r for r in rows}
+    dense, fp16, topk = by["dense", "8", "1"], by["fp16", "8", "1"], by["topk:100", "8", "1"]
+    assert int(dense["wire_bytes"]) == 4 * 272474 == 2 * int(fp16["wire_bytes"])    # resnet_mini's parameters
+    assert dense["pieces"] == fp16["pieces"] != "1"
+    assert topk["collectives"] == "allgather" and topk["pieces"] == "1"
+    assert float(fp16["speedup_vs_fp16"]) == 1.0 and float(dense["speedup_vs_fp32"]) == 1.0
+    assert float(by["dense", "8", "1"]["iteration_s"]) > 0.5     # the stated compute is in it
+    even = list(csv.DictReader((out / "break_even.csv").open()))
+    assert [(e["method"], e["workers"]) for e in even] == [("topk:100", "8"), ("topk:100", "32")]
+    assert (out / "heatmaps.png").stat().st_size > 0
