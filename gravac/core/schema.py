@@ -77,7 +77,8 @@ class ClusterCfg:
 
 @dataclass
 class NetworkCfg:
-    """Alpha-beta model of the cluster network used for modelled communication time."""
+    """Model of the cluster network used for modelled communication time: link latency and bandwidth,
+    and how each collective costs on them (`collectives`, gravac/cluster/netmodel.py)."""
     name: str = "10gbps"
     enabled: bool = True
     bandwidth_gbps: float = option(10.0, check=lambda v: v > 0, valid="> 0")      # beta, Gbit/s
@@ -88,6 +89,9 @@ class NetworkCfg:
     bucket_cap_mb: float = option(25.0, check=lambda v: v > 0, valid="> 0")      # DDP's bucket size
     first_bucket_mb: float = option(1.0, check=lambda v: v > 0, valid="> 0")     # DDP's smaller first bucket
     buckets: int = option(0, check=lambda v: v >= 0, valid=">= 0")              # > 0: cap = model size / buckets
+    collectives: str = option("ideal", check=lambda v: v != "", valid="ideal, a profile name or a profile file",
+                              doc="collective cost model: ideal (alpha-beta ring, assumed) | gloo-cpu (fitted to gloo "
+                                  "over real links, results/reference/collectives) | the path of a profile file")
 
 
 @dataclass
