@@ -79,7 +79,8 @@ def worker(a) -> None:
                 t = torch.randn(max(1, nbytes // 4), generator=gen)
                 call = lambda t=t: group.broadcast_tensors([t])  # noqa: E731
             call()                             # warm-up (connections, buffers)
-            reps = a.reps if ideal.predict(kind, nbytes, a.world) < 1.0 else max(2, a.reps // 2)
+            ideal_s = ideal.predict(kind, nbytes, a.world)   # small ones vary by milliseconds here: more of them
+            reps = 5 * a.reps if ideal_s < 0.02 else a.reps if ideal_s < 1.0 else max(2, a.reps // 2)
             times = []
             for _ in range(reps):
                 group.barrier()
