@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from gravac.cluster.netmodel import (COLLECTIVES, TERMS, CollectiveProfile, Measurement, NetworkModel,
-                                     fit_profile, load_profile, steps, wire)
+from gravac.cluster.netmodel import (COLLECTIVES, TERMS, CollectiveCost, CollectiveProfile, Measurement,
+                                     NetworkModel, fit_profile, load_profile, steps, wire)
+from gravac.core.check import ConfigError, checked
 from gravac.core.errors import UserError
 from gravac.core.schema import NetworkCfg
 
@@ -25,9 +26,12 @@ def _profile_json(terms=TERMS_OF) -> dict:
     return {"name": "test", "collectives": {k: dict(zip(TERMS, v)) for k, v in terms.items()}}
 
 
+def _profile(terms=TERMS_OF) -> CollectiveProfile:
+    return CollectiveProfile("test", {k: CollectiveCost(*v) for k, v in terms.items()}, "test")
+
+
 def _model(**kw) -> NetworkModel:
-    return NetworkModel(alpha_s=ALPHA, beta_Bps=BETA,
-                        profile=CollectiveProfile.from_json(_profile_json(), "test.json"), **kw)
+    return NetworkModel(alpha_s=ALPHA, beta_Bps=BETA, profile=_profile(), **kw)
 
 
 def test_profile_predictions_by_hand():
@@ -64,7 +68,7 @@ def test_gloo_broadcast_tree_shape():
 
 
 def test_fit_recovers_known_terms():
-    truth = CollectiveProfile.from_json(_profile_json(), "truth")
+    truth = _profile()
     ms = []
     for kind in COLLECTIVES:
         for n in (2, 4):
@@ -117,8 +121,9 @@ def test_committed_gloo_profile_loads_and_is_described():
 
 def test_profile_file_round_trips(tmp_path):
     path = tmp_path / "mine.json"
-    path.write_text(json.dumps(CollectiveProfile.from_json(_profile_json(), "x").to_json()))
-    assert load_profile(str(path)).costs == CollectiveProfile.from_json(_profile_json(), "x").costs
+    path.write_text(json.dumps(_profile().to_json()))
+    got = load_profile(str(path))
+    assert got.costs == _profile().costs and got.name == "test" and got.source == str(path)
 
 
 def _broken(terms_edit) -> dict:
@@ -140,12 +145,17 @@ def _broken(terms_edit) -> dict:
      "allreduce.host_s_per_byte is \"fast\""),
 ])
 def test_bad_profile_file_is_one_line(tmp_path, content, fragment):
+    """The config check refuses it (before a run or sweep starts); one broken after the check stops
+    the run's model with the same line."""
     path = tmp_path / "bad.json"
     path.write_text(content)
+    with pytest.raises(ConfigError) as checked_e:
+        checked(NetworkCfg, {"collectives": str(path)}, "network")
     with pytest.raises(UserError) as e:
         NetworkModel.from_cfg(NetworkCfg(collectives=str(path)))
-    assert fragment in str(e.value) and f"network.collectives={path}" in str(e.value), str(e.value)
-    assert "\n" not in str(e.value)
+    for err in (checked_e, e):
+        assert fragment in str(err.value) and f"network.collectives={path}: " in str(err.value), str(err.value)
+        assert "\n" not in str(err.value)
 
 
 def test_unknown_profile_name_lists_the_choices():

@@ -22,18 +22,15 @@ such that one dense all-reduce costs a given multiple of the measured compute ti
 """
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from compressors import COUNT_BYTES  # the int64 count every worker sends before a sparse all-gather
+from gravac.core.collectives import COLLECTIVES, TERMS, ProfileError, read_profile
 from gravac.core.errors import UserError
 from gravac.core.schema import NetworkCfg
 
-COLLECTIVES = ("allreduce", "allgather", "sparse_allgather", "broadcast")
-TERMS = ("call_s", "step_s", "link_factor", "pair_factor", "host_s_per_byte")
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "results" / "reference" / "collectives"
+__all__ = ["COLLECTIVES", "TERMS", "CollectiveCost", "CollectiveProfile", "Measurement", "NetworkModel",
+           "fit_profile", "load_profile", "steps", "wire"]
 
 
 def _tree(workers: int) -> tuple[int, int]:
@@ -112,28 +109,10 @@ class CollectiveProfile:
                 "collectives": {k: {t: getattr(self.costs[k], t) for t in TERMS} for k in COLLECTIVES}}
 
     @classmethod
-    def from_json(cls, data, source: str) -> "CollectiveProfile":
-        """Checked profile from a file's parsed JSON; UserError (one line) says what is wrong."""
-        where = f"network.collectives={source}"
-        if not isinstance(data, dict) or not isinstance(data.get("collectives"), dict):
-            raise UserError(f"{where}: not a collective profile (a JSON object with a \"collectives\" object); "
-                            "write one with `python bench/netval.py --fit`")
-        got = data["collectives"]
-        costs = {}
-        for kind in COLLECTIVES:
-            entry = got.get(kind)
-            if not isinstance(entry, dict):
-                raise UserError(f"{where}: collective {kind!r} is missing (a profile needs {', '.join(COLLECTIVES)})")
-            for t in TERMS:
-                v = entry.get(t)
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
-                        or (t == "link_factor" and v <= 0):
-                    valid = "> 0" if t == "link_factor" else ">= 0"
-                    raise UserError(f"{where}: {kind}.{t} is {json.dumps(v)}, not a number {valid} "
-                                    f"(each collective needs {', '.join(TERMS)})")
-            costs[kind] = CollectiveCost(**{t: float(entry[t]) for t in TERMS})
-        return cls(name=str(data.get("name") or Path(source).stem), costs=costs, source=source,
-                   note=str(data.get("note", "")))
+    def from_json(cls, data: dict, source: str) -> "CollectiveProfile":
+        """From gravac.core.collectives.read_profile's checked content of profile `source`."""
+        return cls(name=data["name"], costs={k: CollectiveCost(**v) for k, v in data["collectives"].items()},
+                   source=source, note=data["note"])
 
 
 @dataclass(frozen=True)
@@ -188,20 +167,14 @@ def fit_profile(measurements: list[Measurement], name: str, floor_s: float = 0.0
 
 def load_profile(spec: str) -> CollectiveProfile | None:
     """The profile `network.collectives` names: None for `ideal`, else a committed profile's name
-    (results/reference/collectives/NAME.json) or a path to a JSON file."""
+    (results/reference/collectives/NAME.json) or a path to a JSON file. The config check has
+    refused a bad one already; one broken since is a UserError (one line)."""
     if spec == "ideal":
         return None
-    path = Path(spec) if spec.endswith(".json") or "/" in spec else PROFILE_DIR / f"{spec}.json"
-    if not path.is_file():
-        names = sorted(p.stem for p in PROFILE_DIR.glob("*.json")) if PROFILE_DIR.is_dir() else []
-        raise UserError(f"network.collectives={spec}: no such profile ({path} not found); use ideal, "
-                        + (", ".join(names) + ", " if names else "") + "or the path of a profile file")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"network.collectives={spec}: {path} cannot be read as JSON "
-                        f"({str(e).splitlines()[0]})") from None
-    return CollectiveProfile.from_json(data, spec)
+        return CollectiveProfile.from_json(read_profile(spec), spec)
+    except ProfileError as e:
+        raise UserError(f"network.collectives={spec}: {e}") from None
 
 
 @dataclass

@@ -93,6 +93,12 @@ class NetworkCfg:
                               doc="collective cost model: ideal (alpha-beta ring, assumed) | gloo-cpu (fitted to gloo "
                                   "over real links, results/reference/collectives) | the path of a profile file")
 
+    def errors(self, prefix: str) -> list[str]:
+        """A profile other than ideal must be a readable, complete file (gravac/core/collectives.py)."""
+        from gravac.core.collectives import profile_problem
+        problem = profile_problem(self.collectives) if self.collectives else None
+        return [f"{prefix}.collectives={self.collectives}: {problem}"] if problem else []
+
 
 @dataclass
 class ClockCfg:
