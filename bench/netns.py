@@ -47,7 +47,7 @@ def _sh(*args: str) -> None:
         raise RuntimeError(f"`{' '.join(args)}` failed: {r.stderr.strip() or r.stdout.strip()}")
 
 
-def _burst_bytes(rate_mbit: float) -> int:
+def burst_bytes(rate_mbit: float) -> int:
     """tbf's bucket: at least a 64 KB GSO segment, and ~4 ms of traffic at the rate."""
     return max(96 * 1024, int(rate_mbit * 1e6 / 8 * 0.004))
 
@@ -93,7 +93,7 @@ class Netns:
         _sh("ip", "-n", name, "link", "set", "lo", "up")
 
     def _shape(self, ns: str, dev: str, delay_ms: float) -> None:
-        burst, rate = _burst_bytes(self.rate_mbit), f"{self.rate_mbit}mbit"
+        burst, rate = burst_bytes(self.rate_mbit), f"{self.rate_mbit}mbit"
         if delay_ms > 0:
             _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:",
                 "netem", "delay", f"{delay_ms}ms", "limit", "100000")
@@ -130,4 +130,4 @@ class Netns:
 
     def describe(self) -> dict:
         return {"hosts": self.hosts, "rate_mbit": self.rate_mbit, "delay_ms": self.delay_ms,
-                "burst_bytes": _burst_bytes(self.rate_mbit), "topology": "veth pairs to one bridge, tbf both ways"}
+                "burst_bytes": burst_bytes(self.rate_mbit), "topology": "veth pairs to one bridge, tbf both ways"}

@@ -112,7 +112,9 @@ def network_text(runs: list) -> str:
 
     workers = sorted({r.workers for r in runs if r.workers})
     w = f", N={workers[0]}" if len(workers) == 1 else ""
-    return f"ring α-β model, α={rng('latency_us', 'µs')}, β={rng('bandwidth_gbps', 'Gbit/s')}{w}"
+    profiles = sorted({str(n.get("collectives", "ideal")) for n in nets})   # runs before issue 37 were ideal
+    model = "ring α-β model" if profiles == ["ideal"] else f"collectives {' + '.join(profiles)}"
+    return f"{model}, α={rng('latency_us', 'µs')}, β={rng('bandwidth_gbps', 'Gbit/s')}{w}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -214,6 +214,7 @@ USER_MISTAKES = [  # (overrides, environment, fragment of the one-line error): i
     (["experiment.seeds=0"], {}, "experiment.seeds=0: give the number of seed replicas"),
     (["experiment.seeds=three"], {}, "experiment.seeds=three: give the number of seed replicas"),
     (["experiment.seeds=2", "train.seed=4"], {}, "experiment.seeds and train.seed are both given"),
+    (["network.collectives=/nonexistent/gloo.json"], {}, "network.collectives=/nonexistent/gloo.json: no such profile"),
 ]
 TINY = ["train.steps=2", "logger.progress=false", "cluster.threads=1", "dataset.train_size=256",
         "dataset.test_size=64", "model.width=4", "dataset.image_size=8"]

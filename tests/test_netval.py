@@ -38,16 +38,21 @@ def test_quick_sweep_writes_csv_whose_predictions_follow_the_model(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader(open(out)))
-    assert {r["kind"] for r in rows} == {"allreduce", "allgather"}
+    assert {r["kind"] for r in rows} == {"allreduce", "allgather", "sparse_allgather", "broadcast"}
     assert (tmp_path / "nv.png").stat().st_size > 0
     beta = 100e6 / 8                          # 100 Mbit/s in bytes/s; 2 workers; alpha = 10 us
     for row in rows:
-        b = int(row["bytes"])
-        if row["kind"] == "allreduce":        # 2(N-1)a + 2(N-1)/N B/b, on the float32 tensor's bytes
+        b, kind = int(row["bytes"]), row["kind"]
+        if kind == "allreduce":               # 2(N-1)a + 2(N-1)/N B/b, on the float32 tensor's bytes
             expect = 2e-5 + (b // 4 * 4) / beta
-        else:                                 # count all-gather (8 B) + padded payload all-gather
+        elif kind == "allgather":             # (N-1)a + (N-1) b/b
+            expect = 1e-5 + b / beta
+        elif kind == "sparse_allgather":      # count all-gather (8 B) + padded payload all-gather
             expect = 2e-5 + 8 / beta + (b // 8 * 8) / beta
-        assert float(row["predicted_s"]) == pytest.approx(expect, rel=1e-4)
+        else:                                 # one tree round with 2 workers
+            expect = 1e-5 + (b // 4 * 4) / beta
+        assert float(row["predicted_ideal_s"]) == pytest.approx(expect, rel=1e-4)
+        assert float(row["predicted_fitted_s"]) > 0    # the committed gloo-cpu profile's prediction
         if b >= 1 << 20:                      # tbf really limits the rate: no collective beats it
             assert float(row["measured_min_s"]) >= 0.8 * (b // 4 * 4) / beta
     assert not {n for n in _namespaces() - before if n.startswith("gvb")}   # the script deleted its own

@@ -188,7 +188,7 @@ class Group:
         out = sparse_mean(values, indices, p.numel, self.world)
         per_elem = p.values.element_size() + p.index_bytes()
         nbytes = padded * per_elem
-        messages = [self.net.allgather(COUNT_BYTES, self.world), self.net.allgather(nbytes, self.world)]
+        messages = self.net.sparse_allgather(nbytes, self.world)     # the counts, then the padded payloads
         floats = sum(v.numel() for v in values) / self.world
         return out, CommStats(nbytes + COUNT_BYTES, sum(messages), time.perf_counter() - t0, floats, messages)
 
@@ -231,7 +231,7 @@ class Group:
         ib = 4 if numel < 2**31 else 8
         gathered, padded = self._allgather_index(indices, torch.int32 if ib == 4 else torch.int64)
         nbytes = padded * ib
-        messages = [self.net.allgather(COUNT_BYTES, self.world), self.net.allgather(nbytes, self.world)]
+        messages = self.net.sparse_allgather(nbytes, self.world)     # the counts, then the padded indices
         return gathered, CommStats(nbytes + COUNT_BYTES, sum(messages), time.perf_counter() - t0, 0.0, messages)
 
 

@@ -1,6 +1,7 @@
 """The neutral core every other package builds on: plug-in registries and config fields
 (`Registry`, `option`), the config dataclasses (schema), their validator (check), user errors,
-and crash-safe file helpers (io). Imports nothing of the project outside gravac.core."""
+crash-safe file helpers (io) and the collective profile files the network config names
+(collectives). Imports nothing of the project outside gravac.core."""
 from __future__ import annotations
 
 from gravac.core.errors import DivergedError, Interrupted, UserError, WorkerFailed

@@ -77,7 +77,8 @@ class ClusterCfg:
 
 @dataclass
 class NetworkCfg:
-    """Alpha-beta model of the cluster network used for modelled communication time."""
+    """Model of the cluster network used for modelled communication time: link latency and bandwidth,
+    and how each collective costs on them (`collectives`, gravac/cluster/netmodel.py)."""
     name: str = "10gbps"
     enabled: bool = True
     bandwidth_gbps: float = option(10.0, check=lambda v: v > 0, valid="> 0")      # beta, Gbit/s
@@ -88,6 +89,15 @@ class NetworkCfg:
     bucket_cap_mb: float = option(25.0, check=lambda v: v > 0, valid="> 0")      # DDP's bucket size
     first_bucket_mb: float = option(1.0, check=lambda v: v > 0, valid="> 0")     # DDP's smaller first bucket
     buckets: int = option(0, check=lambda v: v >= 0, valid=">= 0")              # > 0: cap = model size / buckets
+    collectives: str = option("ideal", check=lambda v: v != "", valid="ideal, a profile name or a profile file",
+                              doc="collective cost model: ideal (alpha-beta ring, assumed) | gloo-cpu (fitted to gloo "
+                                  "over real links, results/reference/collectives) | the path of a profile file")
+
+    def errors(self, prefix: str) -> list[str]:
+        """A profile other than ideal must be a readable, complete file (gravac/core/collectives.py)."""
+        from gravac.core.collectives import profile_problem
+        problem = profile_problem(self.collectives) if self.collectives else None
+        return [f"{prefix}.collectives={self.collectives}: {problem}"] if problem else []
 
 
 @dataclass

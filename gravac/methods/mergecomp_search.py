@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from compressors import COUNT_BYTES, Payload, option
+from compressors import Payload, option
 from gravac.core.schema import MethodCfg
 
 SEARCHES = ("binary", "exhaustive", "greedy", "none")
@@ -47,7 +47,7 @@ def payload_messages(net, world: int, p: Payload) -> list[float]:
         return [net.allreduce(p.numel * es, world)]
     if p.shared:
         return [net.allreduce(p.nnz * es, world)]
-    return [net.allgather(COUNT_BYTES, world), net.allgather(p.nnz * (es + p.index_bytes()), world)]
+    return net.sparse_allgather(p.nnz * (es + p.index_bytes()), world)
 
 
 @dataclass
