@@ -96,3 +96,14 @@ def test_user_errors_are_one_line(capsys, argv, says):
     assert reprice.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and says in err
+
+
+def test_a_speedup_crossing_one_without_a_verdict_is_named_apart():
+    def row(setting, speedup, verdict, model):
+        return {"experiment": "e", "setting": setting, "model": model, "speedup_vs_dense": speedup,
+                "vs_dense_verdict": verdict}
+    one = "one seed: not tested"
+    before = [row("GraVAC", 1.06, one, "ideal"), row("DGC 1000x", 1.66, one, "ideal")]
+    after = [row("GraVAC", 0.969, one, "gloo-cpu"), row("DGC 1000x", 1.58, one, "gloo-cpu")]
+    assert reprice.crossings(before, after) == [
+        "e: GraVAC vs Dense: 1.06x under ideal -> 0.969x under gloo-cpu (one seed: not tested)"]
