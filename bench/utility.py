@@ -20,7 +20,9 @@ Keys (besides any bench/run.py override such as experiment=, model=, dataset=, t
 workers (comma list, >= 2), bandwidths (comma list, Gbit/s), methods (comma list: dense, fp16,
 bf16, <sparsifier>:<CF>, powersgd:<rank>, <quantizer>), compute_s (stated forward+backward seconds
 per step, for a device not profiled here), cost_scale (multiplies every compression cost),
-latency_us (default: the network config's), out (folder of the CSVs and the figure).
+latency_us (default: the network config's), out (folder of the CSVs and the figure). The messages
+are priced by `network.collectives` as in bench/run.py: ideal (the default) or a fitted profile
+(gloo-cpu, or a profile file; gravac/cluster/netmodel.py).
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gravac.cluster.netmodel import NetworkModel  # noqa: E402
+from compressors import COUNT_BYTES  # noqa: E402
+from gravac.cluster.netmodel import CollectiveProfile, NetworkModel, load_profile  # noqa: E402
 from gravac.cluster.timeline import Piece, schedule  # noqa: E402
 
 OWN_KEYS = ("workers", "bandwidths", "methods", "compute_s", "cost_scale", "latency_us", "out")
@@ -59,13 +62,33 @@ class Msg(float):
 
 
 class Tape(NetworkModel):
-    """The suite's network model, its answers tagged with the collective and the bytes."""
+    """The suite's network model, its answers tagged with the collective and the bytes (a sparse
+    all-gather's two messages as its own kind, so a collective profile can price them as one)."""
 
     def allreduce(self, nbytes, workers):
         return Msg(super().allreduce(nbytes, workers), "allreduce", nbytes)
 
     def allgather(self, nbytes_per_worker, workers):
         return Msg(super().allgather(nbytes_per_worker, workers), "allgather", nbytes_per_worker)
+
+    def sparse_allgather(self, nbytes_per_worker, workers):
+        counts, values = super().sparse_allgather(nbytes_per_worker, workers)
+        return [Msg(counts, "sparse_counts", nbytes_per_worker), Msg(values, "sparse_values", nbytes_per_worker)]
+
+    def broadcast(self, nbytes, workers):
+        return Msg(super().broadcast(nbytes, workers), "broadcast", nbytes)
+
+
+def wire_of(m: Msg) -> float:
+    """The bytes one worker contributes to message `m` (a sparse all-gather's counts: COUNT_BYTES)."""
+    return float(COUNT_BYTES) if m.kind == "sparse_counts" else m.nbytes
+
+
+def price(m: Msg, net: NetworkModel, workers: int) -> float:
+    """Message `m`'s seconds on network `net` with `workers` workers."""
+    if m.kind in ("sparse_counts", "sparse_values"):
+        return net.sparse_allgather(m.nbytes, workers)[m.kind == "sparse_values"]
+    return getattr(net, m.kind)(m.nbytes, workers)
 
 
 @dataclass
@@ -78,7 +101,7 @@ class Plan:
 
     @property
     def wire_bytes(self) -> float:
-        return sum(m.nbytes for p in self.pieces for m in p.messages)
+        return sum(wire_of(m) for p in self.pieces for m in p.messages)
 
     @property
     def compress_s(self) -> float:
@@ -86,24 +109,34 @@ class Plan:
 
     @property
     def collectives(self) -> str:
-        return "+".join(sorted({m.kind for p in self.pieces for m in p.messages}))
+        return "+".join(sorted({m.kind.replace("sparse_counts", "sparse_allgather").replace("sparse_values", "sparse_allgather")
+                                for p in self.pieces for m in p.messages}))
 
 
 # --- pricing (the suite's timeline and network model) --------------------------------------------
-def iteration_s(plan: Plan, profile, workers: int, gbps: float, alpha_s: float) -> float:
-    """The plan's step on the overlap timeline with N workers on a `gbps` Gbit/s ring."""
-    net = NetworkModel(alpha_s=alpha_s, beta_Bps=gbps * 1e9 / 8)
-    price = {"allreduce": net.allreduce, "allgather": net.allgather}
-    pieces = [Piece(p.params, p.compress_s, [price[m.kind](m.nbytes, workers) for m in p.messages])
-              for p in plan.pieces]
+def comm_s(plan: Plan, workers: int, gbps: float, alpha_s: float, collectives: CollectiveProfile | None = None,
+           burst_bytes: float = 0.0) -> float:
+    """The plan's messages one after another (no overlap): its communication seconds with N workers
+    on a `gbps` Gbit/s network priced by `collectives` (None: ideal; `burst_bytes`: a shaped link's)."""
+    net = NetworkModel(alpha_s=alpha_s, beta_Bps=gbps * 1e9 / 8, profile=collectives, burst_bytes=burst_bytes)
+    return sum(price(m, net, workers) for p in plan.pieces for m in p.messages)
+
+
+def iteration_s(plan: Plan, profile, workers: int, gbps: float, alpha_s: float,
+                collectives: CollectiveProfile | None = None) -> float:
+    """The plan's step on the overlap timeline with N workers on a `gbps` Gbit/s network whose
+    collectives cost as `collectives` says (None: the ideal alpha-beta ring)."""
+    net = NetworkModel(alpha_s=alpha_s, beta_Bps=gbps * 1e9 / 8, profile=collectives)
+    pieces = [Piece(p.params, p.compress_s, [price(m, net, workers) for m in p.messages]) for p in plan.pieces]
     return schedule(profile.forward_s, profile.backward_s, profile.ready_s, profile.optimizer_s, pieces).step_s
 
 
 def _grid_wins(plan: Plan, ref: Plan, profile, workers: int, alpha_s: float, lo: float, hi: float,
-               per_decade: int):
+               per_decade: int, collectives: CollectiveProfile | None = None):
     """gain(g) = ref's time - plan's, the log grid over [lo, hi] and where the plan is faster on it."""
     def gain(g: float) -> float:
-        return iteration_s(ref, profile, workers, g, alpha_s) - iteration_s(plan, profile, workers, g, alpha_s)
+        return (iteration_s(ref, profile, workers, g, alpha_s, collectives)
+                - iteration_s(plan, profile, workers, g, alpha_s, collectives))
     steps = max(1, math.ceil(per_decade * math.log10(hi / lo)))
     grid = [math.log(lo) + (math.log(hi) - math.log(lo)) * i / steps for i in range(steps + 1)]
     return gain, grid, [gain(math.exp(x)) > 0 for x in grid]
@@ -118,13 +151,13 @@ def _bisect(gain, a: float, b: float, faster_below: bool, iters: int = 60) -> fl
 
 
 def break_even(plan: Plan, ref: Plan, profile, workers: int, alpha_s: float, lo: float = BISECT_GBPS[0],
-               hi: float = BISECT_GBPS[1], per_decade: int = 8) -> float:
+               hi: float = BISECT_GBPS[1], per_decade: int = 8, collectives: CollectiveProfile | None = None) -> float:
     """The bandwidth (Gbit/s) below which `plan` is faster than `ref`: the highest crossing from
     faster (below) to slower (above) on a log grid (`per_decade` points a decade), refined by
     bisection in log bandwidth; inf when faster over the whole range, 0 when no such crossing.
     (Near a tie in bytes the gain can change sign more than once; a method that wins only at the
     top, where per-message latency dominates, has no "pays below" and shows in `pays_above`.)"""
-    gain, grid, wins = _grid_wins(plan, ref, profile, workers, alpha_s, lo, hi, per_decade)
+    gain, grid, wins = _grid_wins(plan, ref, profile, workers, alpha_s, lo, hi, per_decade, collectives)
     if all(wins):
         return math.inf
     drops = [i for i in range(len(wins) - 1) if wins[i] and not wins[i + 1]]
@@ -132,10 +165,10 @@ def break_even(plan: Plan, ref: Plan, profile, workers: int, alpha_s: float, lo:
 
 
 def pays_above(plan: Plan, ref: Plan, profile, workers: int, alpha_s: float, lo: float = BISECT_GBPS[0],
-               hi: float = BISECT_GBPS[1], per_decade: int = 8) -> float:
+               hi: float = BISECT_GBPS[1], per_decade: int = 8, collectives: CollectiveProfile | None = None) -> float:
     """The bandwidth (Gbit/s) above which `plan` stays faster up to `hi` (fewer messages than DDP's
     buckets when latency dominates); inf when it is slower at `hi`, 0 when faster everywhere."""
-    gain, grid, wins = _grid_wins(plan, ref, profile, workers, alpha_s, lo, hi, per_decade)
+    gain, grid, wins = _grid_wins(plan, ref, profile, workers, alpha_s, lo, hi, per_decade, collectives)
     if not wins[-1]:
         return math.inf
     if all(wins):
@@ -276,14 +309,16 @@ def record(overrides: list[str], specs, compute_s: float, cost_scale: float, say
 
 
 # --- outputs -------------------------------------------------------------------------------------
-def table(plans: dict, profile, workers: list[int], bandwidths: list[float], alpha_s: float) -> tuple[list, list]:
-    """Rows per (method, N, bandwidth) and break-even rows per (method, N)."""
+def table(plans: dict, profile, workers: list[int], bandwidths: list[float], alpha_s: float,
+          collectives: CollectiveProfile | None = None) -> tuple[list, list]:
+    """Rows per (method, N, bandwidth) and break-even rows per (method, N), the messages priced by
+    `collectives` (None: ideal)."""
     rows, even = [], []
     for n in workers:
         for g in bandwidths:
-            ref = {r: iteration_s(plans[r], profile, n, g, alpha_s) for r in REFERENCES}
+            ref = {r: iteration_s(plans[r], profile, n, g, alpha_s, collectives) for r in REFERENCES}
             for p in plans.values():
-                t = iteration_s(p, profile, n, g, alpha_s)
+                t = iteration_s(p, profile, n, g, alpha_s, collectives)
                 rows.append({"method": p.name, "label": p.label, "cast": p.cast, "workers": n, "bandwidth_gbps": g,
                              "iteration_s": t, "speedup_vs_fp32": ref["dense"] / t, "speedup_vs_fp16": ref["fp16"] / t,
                              "compress_s": p.compress_s, "wire_bytes": p.wire_bytes, "collectives": p.collectives,
@@ -293,8 +328,8 @@ def table(plans: dict, profile, workers: list[int], bandwidths: list[float], alp
                 row = {"method": p.name, "label": p.label, "cast": p.cast, "workers": n}
                 for r in REFERENCES:
                     vs = "fp32" if r == "dense" else r
-                    row[f"pays_below_gbps_vs_{vs}"] = break_even(p, plans[r], profile, n, alpha_s)
-                    row[f"pays_above_gbps_vs_{vs}"] = pays_above(p, plans[r], profile, n, alpha_s)
+                    row[f"pays_below_gbps_vs_{vs}"] = break_even(p, plans[r], profile, n, alpha_s, collectives=collectives)
+                    row[f"pays_above_gbps_vs_{vs}"] = pays_above(p, plans[r], profile, n, alpha_s, collectives=collectives)
                 even.append(row)
     return rows, even
 
@@ -394,7 +429,16 @@ def write_csv(path: Path, rows: list) -> None:
         w.writerows({k: cell(v) for k, v in r.items()} for r in rows)
 
 
-def report(args: dict, plans: dict, profile, here: list[str], alpha: float, rows: list, even: list) -> None:
+def model_text(collectives: CollectiveProfile | None) -> str:
+    """Which collective model priced the messages, for the printed assumptions."""
+    if collectives is None:
+        return "network.collectives=ideal (the alpha-beta ring: 2(N-1)a + 2(N-1)/N B/b per all-reduce)"
+    return (f"network.collectives={collectives.source} (the fitted profile '{collectives.name}': "
+            f"{collectives.note or 'no note'})")
+
+
+def report(args: dict, plans: dict, profile, here: list[str], alpha: float, rows: list, even: list,
+           collectives: CollectiveProfile | None = None) -> None:
     """Print the assumptions (loudly), the break-even table and the paragraph."""
     print("ASSUMPTIONS (the numbers below rest on them):")
     src = "STATED (compute_s=)" if profile.source == "given" else \
@@ -405,9 +449,9 @@ def report(args: dict, plans: dict, profile, here: list[str], alpha: float, rows
     print(f"  compression costs x {args['cost_scale']:g}" + (" (STATED scale)" if args["cost_scale"] != 1 else "")
           + f"; {len(here)} operation(s) the device lacked were MEASURED ON THIS HOST on a random normal gradient "
           f"(under this host's load){which}")
-    print(f"  network: ring alpha-beta, latency {alpha * 1e6:g} us per message; every worker sends what worker 0 "
-          "does (DGC/RedSync counts vary in practice); decoding/aggregation not timed; a cast's cost shared by "
-          "the buckets pro rata")
+    print(f"  network: latency {alpha * 1e6:g} us per message; collectives priced by {model_text(collectives)}; "
+          "every worker sends what worker 0 does (DGC/RedSync counts vary in practice); decoding/aggregation "
+          "not timed; a cast's cost shared by the buckets pro rata")
     print(f"  break-even: the highest faster-below/slower-above crossing in [{BISECT_GBPS[0]:g}, {BISECT_GBPS[1]:g}] "
           "Gbit/s (8 points a decade, then bisection)")
     print(f"\n{'method':42s} " + " ".join(f"{'N=' + str(n):>18s}" for n in args["workers"]))
@@ -439,11 +483,12 @@ def main(argv=None) -> int:
     alpha = (args["latency_us"] if args["latency_us"] is not None else base.network.latency_us) * 1e-6
     out = Path(args["out"] or ROOT / "results" / "utility" / f"{base.model.name}-{base.dataset.name}")
     out.mkdir(parents=True, exist_ok=True)
-    rows, even = table(plans, profile, args["workers"], args["bandwidths"], alpha)
+    collectives = load_profile(base.network.collectives)     # checked with the config: None for ideal
+    rows, even = table(plans, profile, args["workers"], args["bandwidths"], alpha, collectives)
     write_csv(out / "utility.csv", rows)
     write_csv(out / "break_even.csv", even)
     heatmaps(rows, even, args["workers"], args["bandwidths"], out / "heatmaps.png")
-    report(args, plans, profile, here, alpha, rows, even)
+    report(args, plans, profile, here, alpha, rows, even, collectives)
     print(f"\nwrote {out / 'utility.csv'}, {out / 'break_even.csv'}, {out / 'heatmaps.png'}")
     return 0
 
