@@ -20,7 +20,14 @@ Keys (besides any bench/run.py override such as experiment=, model=, dataset=, t
 workers (comma list, >= 2), bandwidths (comma list, Gbit/s), methods (comma list: dense, fp16,
 bf16, <sparsifier>:<CF>, powersgd:<rank>, <quantizer>), compute_s (stated forward+backward seconds
 per step, for a device not profiled here), cost_scale (multiplies every compression cost),
-latency_us (default: the network config's), out (folder of the CSVs and the figure). The messages
+latency_us (default: the network config's), out (folder of the CSVs and the figure).
+
+    python bench/utility.py --validate experiment=mini_vgg out=results/reference/utility   # root, ~10 min
+
+runs each (method, N, bandwidth) cell for real instead (default: dense and Top-k 100x, N = 2, 4,
+0.1 and 1 Gbit/s): cluster=ddp steps in network namespaces over tc-tbf links (bench/netval.py's
+harness), each beside utility's prediction under network.collectives=ideal and gloo-cpu, in
+validation.csv (validation_row says what is compared with what). The messages
 are priced by `network.collectives` as in bench/run.py: ideal (the default) or a fitted profile
 (gloo-cpu, or a profile file; gravac/cluster/netmodel.py).
 """
@@ -465,17 +472,98 @@ def report(args: dict, plans: dict, profile, here: list[str], alpha: float, rows
     print("\n" + paragraph(rows, even, args["workers"], args["bandwidths"]))
 
 
+# --- --validate: the predictions against real steps over shaped links ----------------------------
+VALIDATE = {"workers": "2,4", "bandwidths": "0.1,1", "methods": "dense,topk:100"}   # --validate's defaults
+VALIDATE_MODELS = ("ideal", "gloo-cpu")   # the collective models every measured cell is predicted by
+VALIDATE_STEPS = 25                       # steps per real run; the first SKIP are dropped
+SKIP = 3                                  # warm-up and calibration steps (as bench/netval.py's step rows)
+
+
+def run_overrides(msec: dict, csec: dict) -> list[str]:
+    """bench/run.py overrides that run the method a spec names (its method and compressor sections)."""
+    return ([f"method={msec['name']}", *(f"method.{k}={v}" for k, v in msec.items() if k != "name"),
+             f"compressor={csec['name']}", *(f"compressor.{k}={v}" for k, v in csec.items() if k != "name")])
+
+
+def validation_row(plan: Plan, records: list[dict], workers: int, gbps: float, alpha_s: float, models: dict,
+                   burst_bytes: float, study=None) -> dict:
+    """One measured cell against the predictions. The real loop does not overlap and computes on
+    this host, so each model's prediction is the run's own measured compute + compression +
+    optimizer (medians) plus the plan's recorded messages priced one after another; the ratio of
+    the communication alone is the network model's own error. A profile gets the shaped link's
+    tbf bucket (`burst_bytes`, as it was fitted), ideal does not. `study`: the study device's
+    profile, whose overlapped utility prediction is added for contrast (not a like-for-like one)."""
+    import statistics
+    med = lambda key: statistics.median(r[key] for r in records)  # noqa: E731
+    host = statistics.median(r["compute_s"] + r["compress_s"] + r["optimizer_s"] for r in records)
+    row = {"method": plan.name, "label": plan.label, "workers": workers, "rate_mbit": gbps * 1e3,
+           "steps": len(records), "measured_step_s": med("step_wall_s"), "measured_comm_s": med("comm_s"),
+           "host_compute_s": med("compute_s"), "host_compress_s": med("compress_s"),
+           "host_optimizer_s": med("optimizer_s"), "measured_wire_bytes": med("wire_bytes"),
+           "recorded_wire_bytes": plan.wire_bytes}
+    for name, prof in models.items():
+        comm = comm_s(plan, workers, gbps, alpha_s, prof, burst_bytes if prof is not None else 0.0)
+        row[f"predicted_comm_{name}_s"] = comm
+        row[f"predicted_step_{name}_s"] = host + comm
+        row[f"ratio_step_{name}"] = row["measured_step_s"] / (host + comm)
+        row[f"ratio_comm_{name}"] = row["measured_comm_s"] / comm
+        if study is not None:
+            row[f"utility_study_device_{name}_s"] = iteration_s(plan, study, workers, gbps, alpha_s, prof)
+    return row
+
+
+def validate(args: dict, overrides: list[str], out: Path) -> int:
+    """Run every (method, N, bandwidth) cell for real (cluster=ddp steps in network namespaces over
+    tbf links, bench/netval.py's harness) and write its measurement beside utility's predictions
+    under each of VALIDATE_MODELS to `out`/validation.csv."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from netns import burst_bytes, missing
+    from netval import step_records
+    why = missing()
+    if why:
+        print(f"utility --validate: skipped: {why}")
+        return 0
+    plans, profile, base, _ = record(overrides, args["methods"], args["compute_s"], args["cost_scale"])
+    alpha = (args["latency_us"] if args["latency_us"] is not None else base.network.latency_us) * 1e-6
+    models = {m: load_profile(m) for m in VALIDATE_MODELS}
+    asked = [s for s in args["methods"] if s[0] in args["asked"]]
+    rows = []
+    for name, msec, csec in asked:
+        for n in args["workers"]:
+            for g in args["bandwidths"]:
+                recs = step_records(n, g * 1e3, 0.0, [*overrides, *run_overrides(msec, csec)], "ideal",
+                                    VALIDATE_STEPS, timeout_s=900.0, skip=SKIP, latency_us=alpha * 1e6)
+                rows.append(validation_row(plans[name], recs, n, g, alpha, models, burst_bytes(g * 1e3), profile))
+                r = rows[-1]
+                print(f"{name} N={n} {g * 1e3:g} Mbit/s: measured {r['measured_step_s']:.4f} s (comm "
+                      f"{r['measured_comm_s']:.4f}); predicted " + ", ".join(
+                          f"{m} {r[f'predicted_step_{m}_s']:.4f} (x{r[f'ratio_step_{m}']:.3f}; comm "
+                          f"{r[f'predicted_comm_{m}_s']:.4f}, x{r[f'ratio_comm_{m}']:.3f})" for m in models), flush=True)
+                out.mkdir(parents=True, exist_ok=True)
+                write_csv(out / "validation.csv", rows)     # after every cell: an interrupted run keeps them
+    print(f"wrote {out / 'validation.csv'} ({len(rows)} cells)")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
+    checking = "--validate" in argv
+    if checking:
+        argv = [a for a in argv if a != "--validate"]
+        argv = [f"{k}={v}" for k, v in VALIDATE.items() if not any(a.startswith(k + "=") for a in argv)] + argv
     from hydra.errors import HydraException
     from gravac.core.check import ConfigError
     from gravac.core.errors import UserError
     from gravac.core.registry import PluginError
     try:
         args, overrides = parse(argv)
+        if checking:
+            args["asked"] = [x.strip() for x in next(a for a in argv if a.startswith("methods=")).split("=", 1)[1]
+                             .split(",") if x.strip()]
+            return validate(args, overrides, Path(args["out"] or ROOT / "results" / "utility" / "validation"))
         plans, profile, base, here = record(overrides, args["methods"], args["compute_s"], args["cost_scale"])
     except (InputError, ConfigError, UserError, PluginError, HydraException) as e:   # one line each
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)

@@ -141,3 +141,35 @@ def test_run_on_the_study_device(tmp_path, capsys):
     even = list(csv.DictReader((out / "break_even.csv").open()))
     assert [(e["method"], e["workers"]) for e in even] == [("topk:100", "8"), ("topk:100", "32")]
     assert (out / "heatmaps.png").stat().st_size > 0
+
+
+def test_validation_row_compares_a_measured_cell_like_with_like():
+    """A measured cell (N = 4, 100 Mbit/s) against a 1 MB all-reduce: each model's prediction is
+    the run's own median compute + compression + optimizer plus the message's price (ideal without
+    the tbf bucket, a profile with it), the ratios measured / predicted; the study device's
+    overlapped prediction is only added beside them."""
+    from gravac.cluster.netmodel import CollectiveCost, CollectiveProfile, NetworkModel
+    plan = Plan("dense", "Dense", [Piece(None, 0.0, [Msg(0.0, "allreduce", 1e6)])])
+    recs = [{"step_wall_s": w, "comm_s": c, "compute_s": 0.1, "compress_s": 0.0, "optimizer_s": 0.01, "wire_bytes": 1e6}
+            for w, c in ((0.30, 0.19), (0.31, 0.20), (0.50, 0.39))]       # medians: 0.31 s, 0.20 s
+    prof = CollectiveProfile("toy", {k: CollectiveCost(2e-3, 1e-4, 1.2, 0.3, 0.0)
+                                     for k in ("allreduce", "allgather", "sparse_allgather", "broadcast")})
+    row = utility.validation_row(plan, recs, 4, 0.1, 1e-5, {"ideal": None, "toy": prof}, 12000.0, study=TOY)
+    ideal = 6 * 1e-5 + 1.5e6 / 1.25e7                       # 2(N-1)a + 2(N-1)/N B/b = 0.12006 s
+    assert row["predicted_comm_ideal_s"] == pytest.approx(ideal, rel=1e-12)
+    assert row["predicted_step_ideal_s"] == pytest.approx(0.11 + ideal, rel=1e-12)
+    assert row["ratio_step_ideal"] == pytest.approx(0.31 / (0.11 + ideal), rel=1e-12)
+    assert row["ratio_comm_ideal"] == pytest.approx(0.20 / ideal, rel=1e-12)
+    toy = NetworkModel(alpha_s=1e-5, beta_Bps=1.25e7, profile=prof, burst_bytes=12000.0).allreduce(1e6, 4)
+    assert toy == pytest.approx(2e-3 + 6 * 1.1e-4 + (1.5e6 - 12000) * 1.2 / 1.25e7)     # the bucket counted
+    assert row["predicted_comm_toy_s"] == pytest.approx(toy, rel=1e-12)
+    assert row["measured_wire_bytes"] == row["recorded_wire_bytes"] == 1e6 and row["steps"] == 3
+    assert row["utility_study_device_ideal_s"] == pytest.approx(0.031 + ideal, rel=1e-12)   # one piece, serial
+
+
+def test_run_overrides_run_the_method_a_spec_names():
+    specs = {s[0]: s for s in utility.method_specs("dense,fp16,topk:100,powersgd:2")}
+    assert utility.run_overrides(*specs["dense"][1:]) == ["method=dense", "compressor=none"]
+    assert utility.run_overrides(*specs["fp16"][1:]) == ["method=static", "compressor=fp16"]
+    assert utility.run_overrides(*specs["topk:100"][1:]) == ["method=static", "compressor=topk", "compressor.cf=100.0"]
+    assert utility.run_overrides(*specs["powersgd:2"][1:]) == ["method=powersgd", "method.rank=2", "compressor=none"]
