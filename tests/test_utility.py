@@ -111,6 +111,8 @@ def test_a_collective_profile_prices_the_recorded_messages():
     (["workers"], "error: workers: arguments are key=value"),
     (["model=nope"], "error: unknown model 'nope'; choose one of: "),         # bench/run.py's own check
     (["network.collectives=nope"], "error: network.collectives=nope: no such profile"),
+    (["--validate", "methods=nope"], "error: methods: 'nope' is not one of: dense, "),
+    (["--validate", "workers=1"], "error: workers=1: every value must be a finite number >= 2"),
 ])
 def test_bad_input_is_one_line(argv, line, capsys):
     assert utility.main(argv) == 2
