@@ -116,8 +116,8 @@ class Plan:
 
     @property
     def collectives(self) -> str:
-        return "+".join(sorted({m.kind.replace("sparse_counts", "sparse_allgather").replace("sparse_values", "sparse_allgather")
-                                for p in self.pieces for m in p.messages}))
+        kinds = {"sparse_counts": "sparse_allgather", "sparse_values": "sparse_allgather"}
+        return "+".join(sorted({kinds.get(m.kind, m.kind) for p in self.pieces for m in p.messages}))
 
 
 # --- pricing (the suite's timeline and network model) --------------------------------------------
@@ -335,8 +335,9 @@ def table(plans: dict, profile, workers: list[int], bandwidths: list[float], alp
                 row = {"method": p.name, "label": p.label, "cast": p.cast, "workers": n}
                 for r in REFERENCES:
                     vs = "fp32" if r == "dense" else r
-                    row[f"pays_below_gbps_vs_{vs}"] = break_even(p, plans[r], profile, n, alpha_s, collectives=collectives)
-                    row[f"pays_above_gbps_vs_{vs}"] = pays_above(p, plans[r], profile, n, alpha_s, collectives=collectives)
+                    args = (p, plans[r], profile, n, alpha_s)
+                    row[f"pays_below_gbps_vs_{vs}"] = break_even(*args, collectives=collectives)
+                    row[f"pays_above_gbps_vs_{vs}"] = pays_above(*args, collectives=collectives)
                 even.append(row)
     return rows, even
 
@@ -538,7 +539,8 @@ def validate(args: dict, overrides: list[str], out: Path) -> int:
                 print(f"{name} N={n} {g * 1e3:g} Mbit/s: measured {r['measured_step_s']:.4f} s (comm "
                       f"{r['measured_comm_s']:.4f}); predicted " + ", ".join(
                           f"{m} {r[f'predicted_step_{m}_s']:.4f} (x{r[f'ratio_step_{m}']:.3f}; comm "
-                          f"{r[f'predicted_comm_{m}_s']:.4f}, x{r[f'ratio_comm_{m}']:.3f})" for m in models), flush=True)
+                          f"{r[f'predicted_comm_{m}_s']:.4f}, x{r[f'ratio_comm_{m}']:.3f})" for m in models),
+                      flush=True)
                 out.mkdir(parents=True, exist_ok=True)
                 write_csv(out / "validation.csv", rows)     # after every cell: an interrupted run keeps them
     print(f"wrote {out / 'validation.csv'} ({len(rows)} cells)")
