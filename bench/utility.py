@@ -20,16 +20,16 @@ Keys (besides any bench/run.py override such as experiment=, model=, dataset=, t
 workers (comma list, >= 2), bandwidths (comma list, Gbit/s), methods (comma list: dense, fp16,
 bf16, <sparsifier>:<CF>, powersgd:<rank>, <quantizer>), compute_s (stated forward+backward seconds
 per step, for a device not profiled here), cost_scale (multiplies every compression cost),
-latency_us (default: the network config's), out (folder of the CSVs and the figure).
+latency_us (default: the network config's), out (folder of the CSVs and the figure). The messages
+are priced by `network.collectives` as in bench/run.py: ideal (the default) or a fitted profile
+(gloo-cpu, or a profile file; gravac/cluster/netmodel.py).
 
-    python bench/utility.py --validate experiment=mini_vgg out=results/reference/utility   # root, ~10 min
+    python bench/utility.py --validate experiment=mini_vgg out=results/reference/utility   # root, ~3 min
 
 runs each (method, N, bandwidth) cell for real instead (default: dense and Top-k 100x, N = 2, 4,
 0.1 and 1 Gbit/s): cluster=ddp steps in network namespaces over tc-tbf links (bench/netval.py's
 harness), each beside utility's prediction under network.collectives=ideal and gloo-cpu, in
-validation.csv (validation_row says what is compared with what). The messages
-are priced by `network.collectives` as in bench/run.py: ideal (the default) or a fitted profile
-(gloo-cpu, or a profile file; gravac/cluster/netmodel.py).
+validation.csv (validation_row says what is compared with what).
 """
 from __future__ import annotations
 
