@@ -242,22 +242,32 @@ def steps(n: int, rate: float, delay: float, args) -> list[dict]:
     prof = Path(args.profile)
     models = ["ideal"] + ([str(prof)] if prof.is_file() else [])
     for arm in args.step_arms:
-        recs = {}
-        for model in models:
-            with Netns(n, rate, delay) as net, tempfile.TemporaryDirectory() as tmp:
-                argv = [sys.executable, str(ROOT / "bench" / "run.py"), f"experiment={args.step_experiment}",
-                        *STEP_ARMS[arm], "cluster=ddp", f"cluster.workers={n}", "cluster.threads=1",
-                        f"train.steps={args.steps}", "train.eval_every=100000", "logger.progress=false",
-                        "experiment.name=netval", f"experiment.results_root={tmp}", "network.name=netval",
-                        f"network.bandwidth_gbps={rate / 1000}", f"network.latency_us={delay * 1e3 + BASE_LATENCY_US}",
-                        "network.overlap=false", f"network.collectives={model}"]
-                procs = [net.popen(i, argv, env=_env(i, n, net.addr(0)), stderr=subprocess.PIPE,
-                                   stdout=subprocess.DEVNULL) for i in range(n)]
-                _wait(procs, args.timeout_s, f"{arm} steps, {n} workers at {rate:g} Mbit/s, collectives {model}")
-                (run_dir,) = list(Path(tmp, "netval").glob("*-*"))
-                recs[model] = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()][3:]
+        recs = {model: step_records(n, rate, delay, [f"experiment={args.step_experiment}", *STEP_ARMS[arm]], model,
+                                    args.steps, args.timeout_s, what=arm)
+                for model in models}
         rows.append(_step_row(recs, arm, n, rate, delay))
     return rows
+
+
+def step_records(n: int, rate: float, delay: float, overrides: list[str], model: str, steps: int, timeout_s: float,
+                 skip: int = 3, latency_us: float | None = None, what: str = "") -> list[dict]:
+    """steps.jsonl's records of one real cluster=ddp run of bench/run.py with `overrides` (the
+    experiment, the method), n workers in namespaces over tbf links at `rate` Mbit/s, collectives
+    modelled by `model`; the first `skip` records (warm-up, calibration) dropped. Also used by
+    `bench/utility.py --validate`."""
+    latency_us = delay * 1e3 + BASE_LATENCY_US if latency_us is None else latency_us
+    with Netns(n, rate, delay) as net, tempfile.TemporaryDirectory() as tmp:
+        argv = [sys.executable, str(ROOT / "bench" / "run.py"), *overrides, "cluster=ddp", f"cluster.workers={n}",
+                "cluster.threads=1", f"train.steps={steps}", "train.eval_every=100000", "logger.progress=false",
+                "experiment.name=netval", f"experiment.results_root={tmp}", "network.name=netval",
+                f"network.bandwidth_gbps={rate / 1000}", f"network.latency_us={latency_us}",
+                "network.overlap=false", f"network.collectives={model}"]
+        procs = [net.popen(i, argv, env=_env(i, n, net.addr(0)), stderr=subprocess.PIPE,
+                           stdout=subprocess.DEVNULL) for i in range(n)]
+        _wait(procs, timeout_s, f"{what or ' '.join(overrides)} steps, {n} workers at {rate:g} Mbit/s, "
+                                f"collectives {model}")
+        (run_dir,) = list(Path(tmp, "netval").glob("*-*"))
+        return [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()][skip:]
 
 
 def _step_row(recs: dict, arm: str, n: int, rate: float, delay: float) -> dict:

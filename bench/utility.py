@@ -20,7 +20,16 @@ Keys (besides any bench/run.py override such as experiment=, model=, dataset=, t
 workers (comma list, >= 2), bandwidths (comma list, Gbit/s), methods (comma list: dense, fp16,
 bf16, <sparsifier>:<CF>, powersgd:<rank>, <quantizer>), compute_s (stated forward+backward seconds
 per step, for a device not profiled here), cost_scale (multiplies every compression cost),
-latency_us (default: the network config's), out (folder of the CSVs and the figure).
+latency_us (default: the network config's), out (folder of the CSVs and the figure). The messages
+are priced by `network.collectives` as in bench/run.py: ideal (the default) or a fitted profile
+(gloo-cpu, or a profile file; gravac/cluster/netmodel.py).
+
+    python bench/utility.py --validate experiment=mini_vgg out=results/reference/utility   # root, ~3 min
+
+runs each (method, N, bandwidth) cell for real instead (default: dense and Top-k 100x, N = 2, 4,
+0.1 and 1 Gbit/s): cluster=ddp steps in network namespaces over tc-tbf links (bench/netval.py's
+harness), each beside utility's prediction under network.collectives=ideal and gloo-cpu, in
+validation.csv (validation_row says what is compared with what).
 """
 from __future__ import annotations
 
@@ -34,7 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gravac.cluster.netmodel import NetworkModel  # noqa: E402
+from compressors import COUNT_BYTES  # noqa: E402
+from gravac.cluster.netmodel import CollectiveProfile, NetworkModel, load_profile  # noqa: E402
 from gravac.cluster.timeline import Piece, schedule  # noqa: E402
 
 OWN_KEYS = ("workers", "bandwidths", "methods", "compute_s", "cost_scale", "latency_us", "out")
@@ -59,13 +69,33 @@ class Msg(float):
 
 
 class Tape(NetworkModel):
-    """The suite's network model, its answers tagged with the collective and the bytes."""
+    """The suite's network model, its answers tagged with the collective and the bytes (a sparse
+    all-gather's two messages as its own kind, so a collective profile can price them as one)."""
 
     def allreduce(self, nbytes, workers):
         return Msg(super().allreduce(nbytes, workers), "allreduce", nbytes)
 
     def allgather(self, nbytes_per_worker, workers):
         return Msg(super().allgather(nbytes_per_worker, workers), "allgather", nbytes_per_worker)
+
+    def sparse_allgather(self, nbytes_per_worker, workers):
+        counts, values = super().sparse_allgather(nbytes_per_worker, workers)
+        return [Msg(counts, "sparse_counts", nbytes_per_worker), Msg(values, "sparse_values", nbytes_per_worker)]
+
+    def broadcast(self, nbytes, workers):
+        return Msg(super().broadcast(nbytes, workers), "broadcast", nbytes)
+
+
+def wire_of(m: Msg) -> float:
+    """The bytes one worker contributes to message `m` (a sparse all-gather's counts: COUNT_BYTES)."""
+    return float(COUNT_BYTES) if m.kind == "sparse_counts" else m.nbytes
+
+
+def price(m: Msg, net: NetworkModel, workers: int) -> float:
+    """Message `m`'s seconds on network `net` with `workers` workers."""
+    if m.kind in ("sparse_counts", "sparse_values"):
+        return net.sparse_allgather(m.nbytes, workers)[m.kind == "sparse_values"]
+    return getattr(net, m.kind)(m.nbytes, workers)
 
 
 @dataclass
@@ -78,7 +108,7 @@ class Plan:
 
     @property
     def wire_bytes(self) -> float:
-        return sum(m.nbytes for p in self.pieces for m in p.messages)
+        return sum(wire_of(m) for p in self.pieces for m in p.messages)
 
     @property
     def compress_s(self) -> float:
@@ -86,24 +116,34 @@ class Plan:
 
     @property
     def collectives(self) -> str:
-        return "+".join(sorted({m.kind for p in self.pieces for m in p.messages}))
+        kinds = {"sparse_counts": "sparse_allgather", "sparse_values": "sparse_allgather"}
+        return "+".join(sorted({kinds.get(m.kind, m.kind) for p in self.pieces for m in p.messages}))
 
 
 # --- pricing (the suite's timeline and network model) --------------------------------------------
-def iteration_s(plan: Plan, profile, workers: int, gbps: float, alpha_s: float) -> float:
-    """The plan's step on the overlap timeline with N workers on a `gbps` Gbit/s ring."""
-    net = NetworkModel(alpha_s=alpha_s, beta_Bps=gbps * 1e9 / 8)
-    price = {"allreduce": net.allreduce, "allgather": net.allgather}
-    pieces = [Piece(p.params, p.compress_s, [price[m.kind](m.nbytes, workers) for m in p.messages])
-              for p in plan.pieces]
+def comm_s(plan: Plan, workers: int, gbps: float, alpha_s: float, collectives: CollectiveProfile | None = None,
+           burst_bytes: float = 0.0) -> float:
+    """The plan's messages one after another (no overlap): its communication seconds with N workers
+    on a `gbps` Gbit/s network priced by `collectives` (None: ideal; `burst_bytes`: a shaped link's)."""
+    net = NetworkModel(alpha_s=alpha_s, beta_Bps=gbps * 1e9 / 8, profile=collectives, burst_bytes=burst_bytes)
+    return sum(price(m, net, workers) for p in plan.pieces for m in p.messages)
+
+
+def iteration_s(plan: Plan, profile, workers: int, gbps: float, alpha_s: float,
+                collectives: CollectiveProfile | None = None) -> float:
+    """The plan's step on the overlap timeline with N workers on a `gbps` Gbit/s network whose
+    collectives cost as `collectives` says (None: the ideal alpha-beta ring)."""
+    net = NetworkModel(alpha_s=alpha_s, beta_Bps=gbps * 1e9 / 8, profile=collectives)
+    pieces = [Piece(p.params, p.compress_s, [price(m, net, workers) for m in p.messages]) for p in plan.pieces]
     return schedule(profile.forward_s, profile.backward_s, profile.ready_s, profile.optimizer_s, pieces).step_s
 
 
 def _grid_wins(plan: Plan, ref: Plan, profile, workers: int, alpha_s: float, lo: float, hi: float,
-               per_decade: int):
+               per_decade: int, collectives: CollectiveProfile | None = None):
     """gain(g) = ref's time - plan's, the log grid over [lo, hi] and where the plan is faster on it."""
     def gain(g: float) -> float:
-        return iteration_s(ref, profile, workers, g, alpha_s) - iteration_s(plan, profile, workers, g, alpha_s)
+        return (iteration_s(ref, profile, workers, g, alpha_s, collectives)
+                - iteration_s(plan, profile, workers, g, alpha_s, collectives))
     steps = max(1, math.ceil(per_decade * math.log10(hi / lo)))
     grid = [math.log(lo) + (math.log(hi) - math.log(lo)) * i / steps for i in range(steps + 1)]
     return gain, grid, [gain(math.exp(x)) > 0 for x in grid]
@@ -118,13 +158,13 @@ def _bisect(gain, a: float, b: float, faster_below: bool, iters: int = 60) -> fl
 
 
 def break_even(plan: Plan, ref: Plan, profile, workers: int, alpha_s: float, lo: float = BISECT_GBPS[0],
-               hi: float = BISECT_GBPS[1], per_decade: int = 8) -> float:
+               hi: float = BISECT_GBPS[1], per_decade: int = 8, collectives: CollectiveProfile | None = None) -> float:
     """The bandwidth (Gbit/s) below which `plan` is faster than `ref`: the highest crossing from
     faster (below) to slower (above) on a log grid (`per_decade` points a decade), refined by
     bisection in log bandwidth; inf when faster over the whole range, 0 when no such crossing.
     (Near a tie in bytes the gain can change sign more than once; a method that wins only at the
     top, where per-message latency dominates, has no "pays below" and shows in `pays_above`.)"""
-    gain, grid, wins = _grid_wins(plan, ref, profile, workers, alpha_s, lo, hi, per_decade)
+    gain, grid, wins = _grid_wins(plan, ref, profile, workers, alpha_s, lo, hi, per_decade, collectives)
     if all(wins):
         return math.inf
     drops = [i for i in range(len(wins) - 1) if wins[i] and not wins[i + 1]]
@@ -132,10 +172,10 @@ def break_even(plan: Plan, ref: Plan, profile, workers: int, alpha_s: float, lo:
 
 
 def pays_above(plan: Plan, ref: Plan, profile, workers: int, alpha_s: float, lo: float = BISECT_GBPS[0],
-               hi: float = BISECT_GBPS[1], per_decade: int = 8) -> float:
+               hi: float = BISECT_GBPS[1], per_decade: int = 8, collectives: CollectiveProfile | None = None) -> float:
     """The bandwidth (Gbit/s) above which `plan` stays faster up to `hi` (fewer messages than DDP's
     buckets when latency dominates); inf when it is slower at `hi`, 0 when faster everywhere."""
-    gain, grid, wins = _grid_wins(plan, ref, profile, workers, alpha_s, lo, hi, per_decade)
+    gain, grid, wins = _grid_wins(plan, ref, profile, workers, alpha_s, lo, hi, per_decade, collectives)
     if not wins[-1]:
         return math.inf
     if all(wins):
@@ -276,14 +316,16 @@ def record(overrides: list[str], specs, compute_s: float, cost_scale: float, say
 
 
 # --- outputs -------------------------------------------------------------------------------------
-def table(plans: dict, profile, workers: list[int], bandwidths: list[float], alpha_s: float) -> tuple[list, list]:
-    """Rows per (method, N, bandwidth) and break-even rows per (method, N)."""
+def table(plans: dict, profile, workers: list[int], bandwidths: list[float], alpha_s: float,
+          collectives: CollectiveProfile | None = None) -> tuple[list, list]:
+    """Rows per (method, N, bandwidth) and break-even rows per (method, N), the messages priced by
+    `collectives` (None: ideal)."""
     rows, even = [], []
     for n in workers:
         for g in bandwidths:
-            ref = {r: iteration_s(plans[r], profile, n, g, alpha_s) for r in REFERENCES}
+            ref = {r: iteration_s(plans[r], profile, n, g, alpha_s, collectives) for r in REFERENCES}
             for p in plans.values():
-                t = iteration_s(p, profile, n, g, alpha_s)
+                t = iteration_s(p, profile, n, g, alpha_s, collectives)
                 rows.append({"method": p.name, "label": p.label, "cast": p.cast, "workers": n, "bandwidth_gbps": g,
                              "iteration_s": t, "speedup_vs_fp32": ref["dense"] / t, "speedup_vs_fp16": ref["fp16"] / t,
                              "compress_s": p.compress_s, "wire_bytes": p.wire_bytes, "collectives": p.collectives,
@@ -293,8 +335,9 @@ def table(plans: dict, profile, workers: list[int], bandwidths: list[float], alp
                 row = {"method": p.name, "label": p.label, "cast": p.cast, "workers": n}
                 for r in REFERENCES:
                     vs = "fp32" if r == "dense" else r
-                    row[f"pays_below_gbps_vs_{vs}"] = break_even(p, plans[r], profile, n, alpha_s)
-                    row[f"pays_above_gbps_vs_{vs}"] = pays_above(p, plans[r], profile, n, alpha_s)
+                    args = (p, plans[r], profile, n, alpha_s)
+                    row[f"pays_below_gbps_vs_{vs}"] = break_even(*args, collectives=collectives)
+                    row[f"pays_above_gbps_vs_{vs}"] = pays_above(*args, collectives=collectives)
                 even.append(row)
     return rows, even
 
@@ -394,7 +437,16 @@ def write_csv(path: Path, rows: list) -> None:
         w.writerows({k: cell(v) for k, v in r.items()} for r in rows)
 
 
-def report(args: dict, plans: dict, profile, here: list[str], alpha: float, rows: list, even: list) -> None:
+def model_text(collectives: CollectiveProfile | None) -> str:
+    """Which collective model priced the messages, for the printed assumptions."""
+    if collectives is None:
+        return "network.collectives=ideal (the alpha-beta ring: 2(N-1)a + 2(N-1)/N B/b per all-reduce)"
+    return (f"network.collectives={collectives.source} (the fitted profile '{collectives.name}': "
+            f"{collectives.note or 'no note'})")
+
+
+def report(args: dict, plans: dict, profile, here: list[str], alpha: float, rows: list, even: list,
+           collectives: CollectiveProfile | None = None) -> None:
     """Print the assumptions (loudly), the break-even table and the paragraph."""
     print("ASSUMPTIONS (the numbers below rest on them):")
     src = "STATED (compute_s=)" if profile.source == "given" else \
@@ -405,9 +457,9 @@ def report(args: dict, plans: dict, profile, here: list[str], alpha: float, rows
     print(f"  compression costs x {args['cost_scale']:g}" + (" (STATED scale)" if args["cost_scale"] != 1 else "")
           + f"; {len(here)} operation(s) the device lacked were MEASURED ON THIS HOST on a random normal gradient "
           f"(under this host's load){which}")
-    print(f"  network: ring alpha-beta, latency {alpha * 1e6:g} us per message; every worker sends what worker 0 "
-          "does (DGC/RedSync counts vary in practice); decoding/aggregation not timed; a cast's cost shared by "
-          "the buckets pro rata")
+    print(f"  network: latency {alpha * 1e6:g} us per message; collectives priced by {model_text(collectives)}; "
+          "every worker sends what worker 0 does (DGC/RedSync counts vary in practice); decoding/aggregation "
+          "not timed; a cast's cost shared by the buckets pro rata")
     print(f"  break-even: the highest faster-below/slower-above crossing in [{BISECT_GBPS[0]:g}, {BISECT_GBPS[1]:g}] "
           "Gbit/s (8 points a decade, then bisection)")
     print(f"\n{'method':42s} " + " ".join(f"{'N=' + str(n):>18s}" for n in args["workers"]))
@@ -421,17 +473,99 @@ def report(args: dict, plans: dict, profile, here: list[str], alpha: float, rows
     print("\n" + paragraph(rows, even, args["workers"], args["bandwidths"]))
 
 
+# --- --validate: the predictions against real steps over shaped links ----------------------------
+VALIDATE = {"workers": "2,4", "bandwidths": "0.1,1", "methods": "dense,topk:100"}   # --validate's defaults
+VALIDATE_MODELS = ("ideal", "gloo-cpu")   # the collective models every measured cell is predicted by
+VALIDATE_STEPS = 25                       # steps per real run; the first SKIP are dropped
+SKIP = 3                                  # warm-up and calibration steps (as bench/netval.py's step rows)
+
+
+def run_overrides(msec: dict, csec: dict) -> list[str]:
+    """bench/run.py overrides that run the method a spec names (its method and compressor sections)."""
+    return ([f"method={msec['name']}", *(f"method.{k}={v}" for k, v in msec.items() if k != "name"),
+             f"compressor={csec['name']}", *(f"compressor.{k}={v}" for k, v in csec.items() if k != "name")])
+
+
+def validation_row(plan: Plan, records: list[dict], workers: int, gbps: float, alpha_s: float, models: dict,
+                   burst_bytes: float, study=None) -> dict:
+    """One measured cell against the predictions. The real loop does not overlap and computes on
+    this host, so each model's prediction is the run's own measured compute + compression +
+    optimizer (medians) plus the plan's recorded messages priced one after another; the ratio of
+    the communication alone is the network model's own error. A profile gets the shaped link's
+    tbf bucket (`burst_bytes`, as it was fitted), ideal does not. `study`: the study device's
+    profile, whose overlapped utility prediction is added for contrast (not a like-for-like one)."""
+    import statistics
+    med = lambda key: statistics.median(r[key] for r in records)  # noqa: E731
+    host = statistics.median(r["compute_s"] + r["compress_s"] + r["optimizer_s"] for r in records)
+    row = {"method": plan.name, "label": plan.label, "workers": workers, "rate_mbit": gbps * 1e3,
+           "steps": len(records), "measured_step_s": med("step_wall_s"), "measured_comm_s": med("comm_s"),
+           "host_compute_s": med("compute_s"), "host_compress_s": med("compress_s"),
+           "host_optimizer_s": med("optimizer_s"), "measured_wire_bytes": med("wire_bytes"),
+           "recorded_wire_bytes": plan.wire_bytes}
+    for name, prof in models.items():
+        comm = comm_s(plan, workers, gbps, alpha_s, prof, burst_bytes if prof is not None else 0.0)
+        row[f"predicted_comm_{name}_s"] = comm
+        row[f"predicted_step_{name}_s"] = host + comm
+        row[f"ratio_step_{name}"] = row["measured_step_s"] / (host + comm)
+        row[f"ratio_comm_{name}"] = row["measured_comm_s"] / comm
+        if study is not None:
+            row[f"utility_study_device_{name}_s"] = iteration_s(plan, study, workers, gbps, alpha_s, prof)
+    return row
+
+
+def validate(args: dict, overrides: list[str], out: Path) -> int:
+    """Run every (method, N, bandwidth) cell for real (cluster=ddp steps in network namespaces over
+    tbf links, bench/netval.py's harness) and write its measurement beside utility's predictions
+    under each of VALIDATE_MODELS to `out`/validation.csv."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from netns import burst_bytes, missing
+    from netval import step_records
+    why = missing()
+    if why:
+        print(f"utility --validate: skipped: {why}")
+        return 0
+    plans, profile, base, _ = record(overrides, args["methods"], args["compute_s"], args["cost_scale"])
+    alpha = (args["latency_us"] if args["latency_us"] is not None else base.network.latency_us) * 1e-6
+    models = {m: load_profile(m) for m in VALIDATE_MODELS}
+    asked = [s for s in args["methods"] if s[0] in args["asked"]]
+    rows = []
+    for name, msec, csec in asked:
+        for n in args["workers"]:
+            for g in args["bandwidths"]:
+                recs = step_records(n, g * 1e3, 0.0, [*overrides, *run_overrides(msec, csec)], "ideal",
+                                    VALIDATE_STEPS, timeout_s=900.0, skip=SKIP, latency_us=alpha * 1e6)
+                rows.append(validation_row(plans[name], recs, n, g, alpha, models, burst_bytes(g * 1e3), profile))
+                r = rows[-1]
+                print(f"{name} N={n} {g * 1e3:g} Mbit/s: measured {r['measured_step_s']:.4f} s (comm "
+                      f"{r['measured_comm_s']:.4f}); predicted " + ", ".join(
+                          f"{m} {r[f'predicted_step_{m}_s']:.4f} (x{r[f'ratio_step_{m}']:.3f}; comm "
+                          f"{r[f'predicted_comm_{m}_s']:.4f}, x{r[f'ratio_comm_{m}']:.3f})" for m in models),
+                      flush=True)
+                out.mkdir(parents=True, exist_ok=True)
+                write_csv(out / "validation.csv", rows)     # after every cell: an interrupted run keeps them
+    print(f"wrote {out / 'validation.csv'} ({len(rows)} cells)")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
+    checking = "--validate" in argv
+    if checking:
+        argv = [a for a in argv if a != "--validate"]
+        argv = [f"{k}={v}" for k, v in VALIDATE.items() if not any(a.startswith(k + "=") for a in argv)] + argv
     from hydra.errors import HydraException
     from gravac.core.check import ConfigError
     from gravac.core.errors import UserError
     from gravac.core.registry import PluginError
     try:
         args, overrides = parse(argv)
+        if checking:
+            args["asked"] = [x.strip() for x in next(a for a in argv if a.startswith("methods=")).split("=", 1)[1]
+                             .split(",") if x.strip()]
+            return validate(args, overrides, Path(args["out"] or ROOT / "results" / "utility" / "validation"))
         plans, profile, base, here = record(overrides, args["methods"], args["compute_s"], args["cost_scale"])
     except (InputError, ConfigError, UserError, PluginError, HydraException) as e:   # one line each
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
@@ -439,11 +573,12 @@ def main(argv=None) -> int:
     alpha = (args["latency_us"] if args["latency_us"] is not None else base.network.latency_us) * 1e-6
     out = Path(args["out"] or ROOT / "results" / "utility" / f"{base.model.name}-{base.dataset.name}")
     out.mkdir(parents=True, exist_ok=True)
-    rows, even = table(plans, profile, args["workers"], args["bandwidths"], alpha)
+    collectives = load_profile(base.network.collectives)     # checked with the config: None for ideal
+    rows, even = table(plans, profile, args["workers"], args["bandwidths"], alpha, collectives)
     write_csv(out / "utility.csv", rows)
     write_csv(out / "break_even.csv", even)
     heatmaps(rows, even, args["workers"], args["bandwidths"], out / "heatmaps.png")
-    report(args, plans, profile, here, alpha, rows, even)
+    report(args, plans, profile, here, alpha, rows, even, collectives)
     print(f"\nwrote {out / 'utility.csv'}, {out / 'break_even.csv'}, {out / 'heatmaps.png'}")
     return 0
 
