@@ -125,3 +125,13 @@ def gloo_ranks(work, tmp: Path, world: int = 2, timeout: float = 240) -> list:
     assert not hung, f"gloo workers hung for {timeout} s and were killed\n{errors}"
     assert all(p.exitcode == 0 for p in procs), f"gloo workers failed: {[p.exitcode for p in procs]}\n{errors}"
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Close the figures a test drew and kept (to inspect them) once it ends: pyplot keeps every
+    open figure for the whole process, and past 20 it warns in whichever later test opens one."""
+    yield
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:
+        plt.close("all")
