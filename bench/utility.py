@@ -281,7 +281,10 @@ def record(overrides: list[str], specs, compute_s: float, cost_scale: float, say
     register_base()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         repeats = [] if any(o.startswith("clock.repeats=") for o in overrides) else [f"clock.repeats={REPEATS}"]
-        base = build_config(compose(config_name="config", overrides=overrides + repeats + ["cluster.workers=2"]))
+        # the step runs on this host's CPU (below), so its profile is a CPU one even under a preset
+        # that names cuda (the paper presets): otherwise the profile would be filed as a GPU's
+        base = build_config(compose(config_name="config",
+                                    overrides=overrides + repeats + ["cluster.workers=2", "cluster.device=cpu"]))
     if compute_s > 0:
         base.clock.compute_s = compute_s
 

@@ -145,6 +145,15 @@ def test_run_on_the_study_device(tmp_path, capsys):
     assert (out / "heatmaps.png").stat().st_size > 0
 
 
+def test_a_preset_naming_cuda_is_priced_on_the_cpu_it_runs_on(tmp_path, capsys):
+    """The paper presets say cluster.device=cuda, but the step runs on this host's CPU: its profile
+    is the CPU's (here the study device's), never one filed under a GPU's name."""
+    assert utility.main(["model=resnet_mini", "dataset=synthetic", "workers=8", "bandwidths=1",
+                         "methods=topk:100", f"out={tmp_path / 'u'}", "cluster.device=cuda"]) == 0
+    text = capsys.readouterr().out
+    assert "device 'reference-cpu'" in text and ", cuda," not in text
+
+
 def test_validation_row_compares_a_measured_cell_like_with_like():
     """A measured cell (N = 4, 100 Mbit/s) against a 1 MB all-reduce: each model's prediction is
     the run's own median compute + compression + optimizer plus the message's price (ideal without
