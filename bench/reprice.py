@@ -1,6 +1,6 @@
 """Re-price finished runs under another collective model, without retraining.
 
-    python bench/reprice.py FOLDER [FOLDER ...] --collectives gloo-cpu [--out results/reference/reprice_gloo_cpu]
+    python bench/reprice.py FOLDER [FOLDER ...] --collectives gloo-cpu [--out results/reference/reprice/gloo_cpu]
 
 Every recorded step's messages are rebuilt from the run's config.yaml (method, compressor, the
 model's layer sizes, N, the DDP buckets of its clock) and the step's own record (steps.jsonl: the
