@@ -295,7 +295,7 @@ def record(overrides: list[str], specs, compute_s: float, cost_scale: float, say
 
     group = OneOfTwo()
     dataset = load_dataset(base.dataset)
-    model = build_model(base.model, dataset.num_classes, dataset.task)
+    model = build_model(base.model, dataset.num_classes, dataset.task, getattr(dataset, "image_size", None))
     workers = Workers(base.train, base.cluster, model, dataset, group, torch.device("cpu"))
     workers.check_memory(0)
     clock = Clock.build(base, workers, group, say)

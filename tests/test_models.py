@@ -87,6 +87,21 @@ def test_unknown_name_and_task_mismatch():
         build_model(model_cfg(name="resnet_mini"), 10_000, "lm")
 
 
+def test_images_smaller_than_the_model_accepts_are_one_line(tmp_path):
+    """VGG16's five unpadded 2x2 poolings need 32 px: a smaller input is refused before the model
+    is built (it used to fail in the first forward with a torch traceback); 32 px passes the check."""
+    from gravac.core.errors import UserError
+    with pytest.raises(UserError, match=r"model=vgg16 needs images of at least 32x32 .* dataset.image_size=32") as e:
+        build_model(model_cfg(name="vgg16"), 10, "classification", image_size=16)
+    assert "\n" not in str(e.value)
+    assert build_model(model_cfg(name="resnet_mini"), 10, "classification", image_size=8) is not None   # any size
+    from conftest import run_cli
+    r = run_cli(["model=vgg16", "dataset=synthetic", "train.steps=1", f"experiment.results_root={tmp_path}"])
+    assert r.returncode != 0 and "Traceback" not in r.stderr + r.stdout
+    assert "needs images of at least 32x32" in r.stderr + r.stdout
+    assert not any(tmp_path.rglob("summary.json"))
+
+
 @pytest.fixture
 def one_thread():
     """Tiny convolutions run fastest, and immune to a busy machine, on one intra-op thread."""

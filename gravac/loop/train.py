@@ -74,7 +74,7 @@ def build(cfg: RunConfig, group: Group, device: torch.device, say) -> Parts:
     """Data, model, workers, method, optimizer, evaluator and summary for this process."""
     torch.manual_seed(cfg.train.seed)
     dataset = load_dataset(cfg.dataset)
-    model = build_model(cfg.model, dataset.num_classes, dataset.task).to(device)
+    model = build_model(cfg.model, dataset.num_classes, dataset.task, getattr(dataset, "image_size", None)).to(device)
     workers = Workers(cfg.train, cfg.cluster, model, dataset, group, device)
     workers.check_memory(method_class(cfg.method.name).state_bytes(cfg.method, cfg.compressor, workers.numel,
                                                                    cfg.train.momentum))

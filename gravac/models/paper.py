@@ -36,7 +36,8 @@ def resnet101(cfg: ResNet101Cfg, num_classes: int):
     return build(weights=None, num_classes=num_classes, zero_init_residual=cfg.zero_init_residual)
 
 
-@MODELS.register("vgg16", task="classification", paper=PAPER_CNN, cpu_preset="experiment=mini_vgg")
+@MODELS.register("vgg16", task="classification", paper=PAPER_CNN, cpu_preset="experiment=mini_vgg",
+                 min_image_size=32)        # five 2x2 max-pools without padding
 def vgg16(cfg, num_classes: int):
     """the paper's torchvision VGG16 with batch norm (134M parameters)"""
     from torchvision.models import vgg16_bn

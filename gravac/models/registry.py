@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import nn
 
+from gravac.core.errors import UserError
 from gravac.core.registry import Registry
 from gravac.core.schema import ModelCfg
 
@@ -20,14 +21,17 @@ class ModelSpec:
     task: str                       # "classification" or "lm": must match the dataset's
     paper: Any = None               # the paper's setting (workers, batch_size, lr, device); see gravac/loop/scale.py
     cpu_preset: str = ""            # the CPU-scale study of its family, e.g. "experiment=mini_resnet"
+    min_image_size: int = 0         # smallest square input (pixels) its poolings accept; 0 = any
 
 
 MODELS = Registry("model", ModelCfg, spec=ModelSpec, package="gravac.models")
 
 
-def build_model(cfg: ModelCfg, num_classes: int, task: str) -> nn.Module:
+def build_model(cfg: ModelCfg, num_classes: int, task: str, image_size: int | None = None) -> nn.Module:
     """Build cfg.name for `num_classes` outputs; ValueError on an unknown name or a model/task
-    mismatch. Initialisation uses torch's global RNG: seed it first."""
+    mismatch, UserError when the dataset's `image_size` is below what the model's poolings accept
+    (otherwise the first forward fails deep inside torch). Initialisation uses torch's global RNG:
+    seed it first."""
     MODELS.load()
     if cfg.name not in MODELS:
         raise ValueError(f"unknown model {cfg.name!r}; choose one of: {', '.join(MODELS.names())}")
@@ -38,6 +42,10 @@ def build_model(cfg: ModelCfg, num_classes: int, task: str) -> nn.Module:
                          f"models for {task!r}: {fits}")
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    least = entry.spec.min_image_size
+    if image_size is not None and image_size < least:
+        raise UserError(f"model={cfg.name} needs images of at least {least}x{least} pixels and the dataset's are "
+                        f"{image_size}x{image_size}: set dataset.image_size={least} (synthetic data) or pick another model")
     return entry.target(cfg, num_classes)
 
 
