@@ -209,7 +209,7 @@ def test_a_stopped_sweep_names_each_cell_it_did_not_start_and_its_command(_plan,
     assert "  python bench/run.py method=gravac   # job #2\n" in err
 
 
-def _job_for_test(num: int, overrides: list[str]):
+def _job_for_test(work: dict, num: int, overrides: list[str]):
     """A sweep job for LocalJobs, in a process of its own, as its overrides say. die=FOLDER: make a
     run folder 5 steps in, with a checkpoint at step 4, tell the sweep, and be SIGKILLed (as the
     OOM killer does); outlive=FILE: complete only once the process whose id FILE holds is gone."""
@@ -251,7 +251,7 @@ def test_a_job_killed_on_this_machine_fails_alone_and_says_so(tmp_path, capsys):
     from gravac.run.jobs import LocalJobs
     from gravac.run.sweep import Report, finish
     run = tmp_path / "run"
-    outcomes = LocalJobs(_job_for_test, 2).run([(0, [f"die={run}"]), (1, [f"outlive={tmp_path / 'pid'}"]),
+    outcomes = LocalJobs({"entry": [__name__, "_job_for_test"]}, 2).run([(0, [f"die={run}"]), (1, [f"outlive={tmp_path / 'pid'}"]),
                                                 (2, ["c=1"])])
     assert [o.status for o in outcomes] == ["failed", "completed", "completed"], outcomes
     why = "its process was killed (SIGKILL: out of memory, or kill -9) at step 5; the checkpoint at step 4 resumes it"
@@ -678,22 +678,25 @@ def test_slurm_sweep_runs_each_cell_as_a_job_whose_tasks_are_the_ddp_workers(slu
 
 
 
-def _job_listing_tmp(num: int, overrides: list[str]):
+def _job_listing_tmp(work: dict, num: int, overrides: list[str]):
     """A sweep job that reports what the temporary folder holds while it runs."""
     from gravac.run.jobs import Outcome
     return Outcome("completed", ",".join(sorted(os.listdir(os.environ["TMPDIR"]))))
 
 
 def test_a_jobs_code_never_passes_through_a_file(tmp_path, monkeypatch):
-    """The sweep's jobs are cloudpickled code (Hydra's closures): they reach each job on a pipe from
-    the sweep's memory, so no file exists that someone could replace to run code in every job (a
-    work file in the temporary folder did before)."""
+    """A sweep's jobs get their work as plain data (JSON, their code named, never unpickled) on a
+    pipe from the sweep's memory: no file exists that someone could replace to change every job
+    (a work file in the temporary folder did before)."""
     import tempfile
 
     from gravac.run.jobs import LocalJobs
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)          # re-read TMPDIR in this process too
-    outcomes = LocalJobs(_job_listing_tmp, 2).run([(0, []), (1, [])])
+    import json
+    jobs = LocalJobs({"entry": [__name__, "_job_listing_tmp"]}, 2)
+    assert json.loads(jobs.work) == {"entry": [__name__, "_job_listing_tmp"]}     # data, not a pickle
+    outcomes = jobs.run([(0, []), (1, [])])
     assert [(o.status, o.message) for o in outcomes] == [("completed", ""), ("completed", "")]
 
 

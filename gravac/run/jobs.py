@@ -45,13 +45,10 @@ def _tell(kind: str, value) -> None:
 
 def _child(conn, work, num: int, overrides: list[str]) -> None:
     """A job's process: leave the terminal's process group (the sweep alone takes its signals),
-    drop a signal that came while it started, run the job and send back its Outcome. The job's
-    code (cloudpickled by the sweep) arrives on the pipe `work` from the sweep's own memory: no
-    file holds it, so nothing another process wrote is ever unpickled. The pipe is anonymous and
-    held only by the sweep and this job, the trust multiprocessing's spawn already asks for (it
-    unpickles this very function and its arguments from the sweep over such a pipe); Hydra's job
-    context holds local functions, so the work cannot travel as plain data."""
-    import pickle
+    drop a signal that came while it started, run the job and send back its Outcome. Its work
+    arrives on the pipe `work` as JSON (plain data: the sweep's config and Hydra's search path,
+    rebuilt here by `_hydra_job`), so nothing that reaches a job is unpickled by this code."""
+    import json
     global _PIPE
     os.setpgid(0, 0)
     for s in (signal.SIGINT, signal.SIGTERM):
@@ -62,7 +59,8 @@ def _child(conn, work, num: int, overrides: list[str]) -> None:
     try:
         data = work.recv_bytes()
         work.close()
-        out = pickle.loads(data)(num, overrides)
+        work = json.loads(data)
+        out = _named(*work["entry"])(work, num, overrides)
     except BaseException as e:  # noqa: BLE001 - the sweep reports it; this process ends here
         out = Outcome("failed", f"crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     _tell("outcome", out)
@@ -109,14 +107,15 @@ class _Running:
 
 
 class LocalJobs:
-    """Runs jobs `work(num, overrides) -> Outcome`, `n` at a time. `work` goes to the jobs by
-    cloudpickle, as joblib sends it (Hydra's context holds local functions), on a pipe of each
-    job's own, written by a thread: as an argument of the process, the sweep would wait for each
-    job to import torch before starting the next."""
+    """Runs jobs `n` at a time: each calls `work["entry"]` (a function named by [module, qualname],
+    imported in the job) with `work`, its number and overrides; `work` is plain data (for a Hydra
+    sweep `hydra_work`'s) and goes to each job as JSON on a pipe of its own,
+    written by a thread: as an argument of the process, the sweep would wait for each job to
+    import torch before starting the next."""
 
-    def __init__(self, work, n: int, aborting=lambda: False):
-        import cloudpickle
-        self.work, self.n, self.aborting = cloudpickle.dumps(work), max(1, n), aborting
+    def __init__(self, work: dict, n: int, aborting=lambda: False):
+        import json
+        self.work, self.n, self.aborting = json.dumps(work).encode(), max(1, n), aborting
 
     def run(self, jobs: list[tuple[int, list[str]]]) -> list[Outcome]:
         """Every job's Outcome, in order; after a stop, jobs not yet started do not start."""
@@ -224,15 +223,52 @@ def died(code: int) -> str:
     return f"its process died (exit code {code})"
 
 
-def hydra_work(launcher):
-    """The work of the joblib launcher's jobs: Hydra composes and runs each as joblib would."""
-    from functools import partial
+def hydra_work(launcher) -> dict:
+    """What a job needs to be composed and run as the joblib launcher would, as plain data: the
+    sweep's config (its interpolations unresolved) and Hydra's config search path. The job's
+    process rebuilds Hydra's context from it (`_hydra_job`), where joblib would unpickle it; the
+    task function travels by name (gravac.run.sweep.job under bench/run.py)."""
+    from omegaconf import OmegaConf
+    task = launcher.task_function
+    path = launcher.hydra_context.config_loader.get_search_path()
+    return {"entry": [__name__, "_hydra_job"],
+            "config": OmegaConf.to_container(launcher.config, resolve=False, enum_to_str=True),
+            "search_path": [[e.provider, e.path] for e in path.get_path()],
+            "task": [task.__module__, task.__qualname__]}
 
+
+def _hydra_job(work: dict, num: int, overrides: list[str]) -> Outcome:
+    """Compose and run job `num` of the sweep from `hydra_work`'s data, as the joblib launcher's
+    execute_job does, in a process that has Hydra's and the suite's registrations of its own."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
     from hydra.core.singleton import Singleton
-    return partial(_hydra_job, launcher.hydra_context, launcher.config, launcher.task_function,
-                   Singleton.get_state())
-
-
-def _hydra_job(hydra_context, config, task_function, singleton_state, num: int, overrides: list[str]):
+    from hydra.types import HydraContext
     from hydra_plugins.hydra_joblib_launcher._core import execute_job
-    return execute_job(num, overrides, hydra_context, config, task_function, singleton_state).return_value
+    from omegaconf import OmegaConf
+
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.plugins import Plugins
+    from hydra.core.utils import setup_globals
+
+    from gravac.config.compose import register_base
+
+    task = _named(*work["task"])
+    setup_globals()             # Hydra's resolvers (${now:...}), before anything reads the config
+    Plugins.instance()          # Hydra's config sources (pkg://, file://) and launchers register here
+    register_base()
+    path = ConfigSearchPathImpl()
+    for provider, where in work["search_path"]:
+        path.append(provider, where)
+    config = OmegaConf.create(work["config"])
+    context = HydraContext(config_loader=ConfigLoaderImpl(config_search_path=path), callbacks=Callbacks(config))
+    return execute_job(num, overrides, context, config, task, Singleton.get_state()).return_value
+
+
+def _named(module: str, qualname: str):
+    """The function `qualname` of `module`, imported: how a job finds its code by name."""
+    import importlib
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
