@@ -36,9 +36,11 @@ from netns import Netns, burst_bytes, has_netem, missing  # noqa: E402
 
 PORT = 29500            # inside namespaces this script created: nothing else can listen there
 BASE_LATENCY_US = 10.0  # the presets' per-message latency, added to netem's delay in predictions
-FIELDS = ["kind", "workers", "rate_mbit", "delay_ms", "bytes", "reps", "measured_s", "predicted_ideal_s",
+FIELDS = ["kind", "workers", "shared_cores", "rate_mbit", "delay_ms", "bytes", "reps", "measured_s", "predicted_ideal_s",
           "ratio_ideal", "predicted_fitted_s", "ratio_fitted", "predicted_heldout_s", "ratio_heldout",
           "measured_min_s", "measured_max_s", "detail"]
+#: The cores all of a measurement's workers share: they run on this one machine.
+HOST_CORES = len(os.sched_getaffinity(0))
 STEP_ARMS = {"dense": [], "topk10": ["arm=topk10"], "gravac07": ["arm=gravac07"]}
 
 
@@ -60,6 +62,7 @@ def worker(a) -> None:
     ideal = NetworkModel(alpha_s=(a.delay_ms * 1e3 + BASE_LATENCY_US) * 1e-6, beta_Bps=a.rate_mbit * 1e6 / 8)
     group = DistGroup(ideal, torch.device("cpu"))
     gen = torch.Generator().manual_seed(a.rank)
+    refill_s = burst_bytes(a.rate_mbit) / (a.rate_mbit * 1e6 / 8)
     rows = []
     for kind in COLLECTIVES:
         for nbytes in a.sizes:
@@ -83,6 +86,7 @@ def worker(a) -> None:
             reps = 5 * a.reps if ideal_s < 0.02 else a.reps if ideal_s < 1.0 else max(2, a.reps // 2)
             times = []
             for _ in range(reps):
+                time.sleep(refill_s)           # tbf's bucket full again: every rep starts alike
                 group.barrier()
                 t0 = time.perf_counter()
                 call()
@@ -198,7 +202,7 @@ def collectives(n: int, rate: float, delay: float, args, mode: str = "_worker") 
                  for i in range(n)]
         _wait(procs, args.timeout_s, f"{mode[1:]}, {n} workers at {rate:g} Mbit/s")
         rows = json.loads(Path(out).read_text())
-    rows = [{**r, "workers": n, "rate_mbit": rate, "delay_ms": delay} for r in rows]
+    rows = [{**r, "workers": n, "shared_cores": HOST_CORES, "rate_mbit": rate, "delay_ms": delay} for r in rows]
     if mode == "_worker":
         prof = _committed(args.profile)
         for r in rows:
@@ -224,13 +228,20 @@ def sent_bytes(kind: str, nbytes: int) -> int:
     return max(1, int(nbytes) // unit) * unit
 
 
+def _cores(row: dict) -> int:
+    """The cores the row's workers shared (rows written before the column: this machine's)."""
+    return int(row.get("shared_cores") or HOST_CORES)
+
+
 def _model(row: dict, profile):
     """The network model of a row's setting: its rate, the presets' latency plus any delay; a
-    profile also gets the link's tbf bucket (bytes that pass at once), which ideal ignores."""
+    profile also gets the link's tbf bucket (bytes that pass at once) and the cores the workers
+    shared, which ideal ignores."""
     from gravac.cluster.netmodel import NetworkModel
     return NetworkModel(alpha_s=(float(row["delay_ms"]) * 1e3 + BASE_LATENCY_US) * 1e-6,
                         beta_Bps=float(row["rate_mbit"]) * 1e6 / 8, profile=profile,
-                        burst_bytes=burst_bytes(float(row["rate_mbit"])) if profile is not None else 0.0)
+                        burst_bytes=burst_bytes(float(row["rate_mbit"])) if profile is not None else 0.0,
+                        shared_cores=_cores(row) if profile is not None else 0)
 
 
 def steps(n: int, rate: float, delay: float, args) -> list[dict]:
@@ -261,7 +272,7 @@ def step_records(n: int, rate: float, delay: float, overrides: list[str], model:
                 "cluster.threads=1", f"train.steps={steps}", "train.eval_every=100000", "logger.progress=false",
                 "experiment.name=netval", f"experiment.results_root={tmp}", "network.name=netval",
                 f"network.bandwidth_gbps={rate / 1000}", f"network.latency_us={latency_us}",
-                "network.overlap=false", f"network.collectives={model}"]
+                "network.overlap=false", f"network.collectives={model}", f"network.shared_cores={HOST_CORES}"]
         procs = [net.popen(i, argv, env=_env(i, n, net.addr(0)), stderr=subprocess.PIPE,
                            stdout=subprocess.DEVNULL) for i in range(n)]
         _wait(procs, timeout_s, f"{what or ' '.join(overrides)} steps, {n} workers at {rate:g} Mbit/s, "
@@ -301,7 +312,7 @@ def _measurements(rows: list[dict]):
         if r["kind"] in COLLECTIVES and float(r["delay_ms"]) == 0:
             m = _model(r, None)
             out.append(Measurement(r["kind"], sent_bytes(r["kind"], r["bytes"]), int(r["workers"]), m.alpha_s,
-                                   m.beta_Bps, float(r["measured_s"]), burst_bytes(float(r["rate_mbit"]))))
+                                   m.beta_Bps, float(r["measured_s"]), burst_bytes(float(r["rate_mbit"])), _cores(r)))
     return out
 
 
@@ -319,7 +330,9 @@ def fit(rows: list[dict], profile_path: Path) -> list[dict]:
     note = (f"gloo (torch {_torch_version()}) on CPU over veth + bridge shaped by tc tbf, fitted by "
             f"`python bench/netval.py --fit` to {len(mine)} medians: N = {', '.join(map(str, workers))}, "
             f"{', '.join(f'{r:g}' for r in rates)} Mbit/s, {min(int(r['bytes']) for r in mine)} to "
-            f"{max(int(r['bytes']) for r in mine)} bytes; this machine's 2 shared cores")
+            f"{max(int(r['bytes']) for r in mine)} bytes; the workers shared this machine's {HOST_CORES} cores "
+            f"(crowd_step_s: see docs/DEFINITIONS.md), each rep after tbf's bucket refilled; load average "
+            f"{os.getloadavg()[0]:.2f} at the fit")
     prof = fit_profile(_measurements(mine), "gloo-cpu", note=note)
     atomic_write(profile_path, json.dumps(prof.to_json(), indent=1) + "\n")
     held = {rate: fit_profile(_measurements([r for r in mine if float(r["rate_mbit"]) != rate]), "heldout")
@@ -403,12 +416,19 @@ def settings(args) -> list[tuple[str, int, float, float]]:
     return [s for s in out if s[0] in args.parts]
 
 
-def kept_rows(args, out: Path) -> list[dict]:
-    """Rows of an existing CSV that belong to parts not rerun now (`--parts` reruns a subset)."""
+def kept_rows(args, out: Path, rerun: list[tuple] = ()) -> list[dict]:
+    """Rows of an existing CSV that this sweep does not measure again: those of other parts, and of
+    a rerun part those of other settings (workers, rate, delay; for steps, other arms), so that
+    `--parts steps --step-workers 4` keeps the N = 2 steps measured before."""
     if args.quick or set(args.parts) == set(PARTS) or not out.is_file():
         return []
+    again = {(what, n, float(rate), float(delay)) for what, n, rate, delay in rerun}
+
+    def replaced(r: dict) -> bool:
+        key = (part_of(r), int(r["workers"]), float(r["rate_mbit"]), float(r["delay_ms"]))
+        return key in again and (key[0] != "steps" or r["kind"].removeprefix("step_") in args.step_arms)
     with open(out) as f:
-        rows = [r for r in csv.DictReader(f) if part_of(r) not in args.parts]
+        rows = [r for r in csv.DictReader(f) if part_of(r) not in args.parts or not replaced(r)]
     for r in rows:            # a CSV written before the fitted profiles named the ideal columns so
         for old, new in (("predicted_s", "predicted_ideal_s"), ("ratio", "ratio_ideal")):
             if old in r:
@@ -490,9 +510,10 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # namespaces are deleted by the context managers
     out, t0 = Path(a.out), time.monotonic()
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows = kept_rows(a, out)
+    todo = settings(a)
+    rows = kept_rows(a, out, todo)
     try:
-        for what, n, rate, delay in settings(a):
+        for what, n, rate, delay in todo:
             t = time.monotonic()
             if what == "steps":
                 rows += steps(n, rate, delay, a)

@@ -122,10 +122,12 @@ class Plan:
 
 # --- pricing (the suite's timeline and network model) --------------------------------------------
 def comm_s(plan: Plan, workers: int, gbps: float, alpha_s: float, collectives: CollectiveProfile | None = None,
-           burst_bytes: float = 0.0) -> float:
+           burst_bytes: float = 0.0, shared_cores: int = 0) -> float:
     """The plan's messages one after another (no overlap): its communication seconds with N workers
-    on a `gbps` Gbit/s network priced by `collectives` (None: ideal; `burst_bytes`: a shaped link's)."""
-    net = NetworkModel(alpha_s=alpha_s, beta_Bps=gbps * 1e9 / 8, profile=collectives, burst_bytes=burst_bytes)
+    on a `gbps` Gbit/s network priced by `collectives` (None: ideal; `burst_bytes`: a shaped link's;
+    `shared_cores`: the cores the workers share on one machine, 0 for a cluster)."""
+    net = NetworkModel(alpha_s=alpha_s, beta_Bps=gbps * 1e9 / 8, profile=collectives, burst_bytes=burst_bytes,
+                       shared_cores=shared_cores)
     return sum(price(m, net, workers) for p in plan.pieces for m in p.messages)
 
 
@@ -490,13 +492,14 @@ def run_overrides(msec: dict, csec: dict) -> list[str]:
 
 
 def validation_row(plan: Plan, records: list[dict], workers: int, gbps: float, alpha_s: float, models: dict,
-                   burst_bytes: float, study=None) -> dict:
+                   burst_bytes: float, study=None, shared_cores: int = 0) -> dict:
     """One measured cell against the predictions. The real loop does not overlap and computes on
     this host, so each model's prediction is the run's own measured compute + compression +
     optimizer (medians) plus the plan's recorded messages priced one after another; the ratio of
     the communication alone is the network model's own error. A profile gets the shaped link's
-    tbf bucket (`burst_bytes`, as it was fitted), ideal does not. `study`: the study device's
-    profile, whose overlapped utility prediction is added for contrast (not a like-for-like one)."""
+    tbf bucket (`burst_bytes`, as it was fitted) and the cores the workers shared here
+    (`shared_cores`); ideal gets neither. `study`: the study device's profile, whose overlapped
+    utility prediction is added for contrast (not a like-for-like one)."""
     import statistics
     med = lambda key: statistics.median(r[key] for r in records)  # noqa: E731
     host = statistics.median(r["compute_s"] + r["compress_s"] + r["optimizer_s"] for r in records)
@@ -506,7 +509,8 @@ def validation_row(plan: Plan, records: list[dict], workers: int, gbps: float, a
            "host_optimizer_s": med("optimizer_s"), "measured_wire_bytes": med("wire_bytes"),
            "recorded_wire_bytes": plan.wire_bytes}
     for name, prof in models.items():
-        comm = comm_s(plan, workers, gbps, alpha_s, prof, burst_bytes if prof is not None else 0.0)
+        comm = comm_s(plan, workers, gbps, alpha_s, prof, burst_bytes if prof is not None else 0.0,
+                      shared_cores if prof is not None else 0)
         row[f"predicted_comm_{name}_s"] = comm
         row[f"predicted_step_{name}_s"] = host + comm
         row[f"ratio_step_{name}"] = row["measured_step_s"] / (host + comm)
@@ -522,7 +526,7 @@ def validate(args: dict, overrides: list[str], out: Path) -> int:
     under each of VALIDATE_MODELS to `out`/validation.csv."""
     sys.path.insert(0, str(ROOT / "bench"))
     from netns import burst_bytes, missing
-    from netval import step_records
+    from netval import HOST_CORES, step_records
     why = missing()
     if why:
         print(f"utility --validate: skipped: {why}")
@@ -537,7 +541,8 @@ def validate(args: dict, overrides: list[str], out: Path) -> int:
             for g in args["bandwidths"]:
                 recs = step_records(n, g * 1e3, 0.0, [*overrides, *run_overrides(msec, csec)], "ideal",
                                     VALIDATE_STEPS, timeout_s=900.0, skip=SKIP, latency_us=alpha * 1e6)
-                rows.append(validation_row(plans[name], recs, n, g, alpha, models, burst_bytes(g * 1e3), profile))
+                rows.append(validation_row(plans[name], recs, n, g, alpha, models, burst_bytes(g * 1e3), profile,
+                                           HOST_CORES))
                 r = rows[-1]
                 print(f"{name} N={n} {g * 1e3:g} Mbit/s: measured {r['measured_step_s']:.4f} s (comm "
                       f"{r['measured_comm_s']:.4f}); predicted " + ", ".join(

@@ -60,6 +60,67 @@ def test_a_test_links_burst_passes_at_once():
     assert _model(burst_bytes=1e7).allgather(1e6, 4) == pytest.approx(c + 3 * (ALPHA + s) + 3e6 * h)
 
 
+CROWD = 7e-4                       # crowd_step_s of the crowded-host tests
+
+
+def _crowded(**kw) -> NetworkModel:
+    terms = {k: (*v, CROWD) for k, v in TERMS_OF.items()}
+    return NetworkModel(alpha_s=ALPHA, beta_Bps=BETA, profile=_profile(terms), **kw)
+
+
+def test_workers_sharing_cores_wait_per_message_by_hand():
+    """N workers on C shared cores: each critical-path message costs (N/C - 1) crowd_step_s more;
+    on separate machines (shared_cores 0) or one core each, nothing."""
+    mb = 1e6
+    c, s, l, p, h = TERMS_OF["allreduce"]
+    base4 = c + 6 * (ALPHA + s) + 1.5e6 * (l / BETA + h)
+    assert _crowded().allreduce(mb, 4) == pytest.approx(base4, rel=1e-12)
+    assert _crowded(shared_cores=4).allreduce(mb, 4) == pytest.approx(base4, rel=1e-12)
+    assert _crowded(shared_cores=2).allreduce(mb, 4) == pytest.approx(base4 + 6 * 1 * CROWD, rel=1e-12)
+    assert _crowded(shared_cores=2).allreduce(mb, 8) == pytest.approx(
+        c + 14 * (ALPHA + s + 3 * CROWD) + 1.75e6 * (l / BETA + h), rel=1e-12)
+    c, s, l, p, h = TERMS_OF["sparse_allgather"]    # the counts' messages wait too
+    counts, payload = _crowded(shared_cores=2).sparse_allgather(mb, 4)
+    assert counts == pytest.approx(c + 3 * (ALPHA + s + CROWD) + 24 * (l / BETA + h), rel=1e-12)
+    assert payload == pytest.approx(3 * (ALPHA + s + CROWD) + 3e6 * (l / BETA + h), rel=1e-12)
+    c, s, l, p, h = TERMS_OF["broadcast"]           # two hops at N=4
+    assert _crowded(shared_cores=2).broadcast(mb, 4) == pytest.approx(
+        c + 2 * (ALPHA + s + CROWD) + 3e6 * (l / BETA + h), rel=1e-12)
+
+
+def test_shared_cores_comes_from_config_and_is_checked():
+    m = NetworkModel.from_cfg(NetworkCfg(collectives="gloo-cpu", shared_cores=2))
+    assert m.shared_cores == 2 and m.describe()["shared_cores"] == 2
+    with pytest.raises(ConfigError, match="shared_cores"):
+        checked(NetworkCfg, {"shared_cores": -1}, "network")
+
+
+def test_fit_separates_the_crowd_from_the_step():
+    """Measured with 2 cores shared by N = 2, 4, 8 workers, the fit recovers step_s and crowd_step_s
+    apart (N = 2 has no crowd)."""
+    terms = {k: (*v, CROWD) for k, v in TERMS_OF.items()}
+    truth, ms = _profile(terms), []
+    for kind in COLLECTIVES:
+        for n in (2, 4, 8):
+            for beta in (12.5e6, 125e6):
+                for b in (4096, 65536, 1 << 20, 16 << 20):
+                    t = NetworkModel(ALPHA, beta, profile=truth, shared_cores=2).predict(kind, b, n)
+                    ms.append(Measurement(kind, b, n, ALPHA, beta, t, shared_cores=2))
+    got = fit_profile(ms, "fitted")
+    for kind in COLLECTIVES:
+        assert got.costs[kind].step_s == pytest.approx(TERMS_OF[kind][1], rel=1e-4, abs=1e-7), kind
+        assert got.costs[kind].crowd_step_s == pytest.approx(CROWD, rel=1e-4), kind
+
+
+def test_a_profile_without_the_crowd_term_reads_as_zero(tmp_path):
+    """Profiles fitted before crowd_step_s existed (workers one per core) stay usable."""
+    path = tmp_path / "old.json"
+    data = _profile_json()
+    assert all("crowd_step_s" not in v for v in data["collectives"].values())
+    path.write_text(json.dumps(data))
+    assert all(c.crowd_step_s == 0.0 for c in load_profile(str(path)).costs.values())
+
+
 def test_gloo_broadcast_tree_shape():
     # (hops, tensor-times) to the last receiver: N=3 root sends to 1 and 2 at once; N=5 root to 1, 2, 4
     # (3 units), then 1 to 3 (one more)
@@ -163,3 +224,20 @@ def test_unknown_profile_name_lists_the_choices():
         load_profile("nccl-gpu")
     msg = str(e.value)
     assert "no such profile" in msg and "ideal" in msg and "gloo-cpu" in msg and "\n" not in msg
+
+
+def test_netval_rerunning_one_setting_keeps_the_others(tmp_path):
+    """`--parts steps --step-workers 4` replaces the N = 4 steps rows only: the N = 2 ones and the
+    collectives measured before stay in the CSV (they were lost before)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import netval
+    out = tmp_path / "nv.csv"
+    row = lambda kind, n: {"kind": kind, "workers": n, "rate_mbit": 100.0, "delay_ms": 0.0, "bytes": 4096,  # noqa: E731
+                           "measured_s": 0.01}
+    netval.write_csv([row("allreduce", 2), row("step_topk10", 2), row("step_topk10", 4), row("step_dense", 4)], out)
+    args = netval.parse(["--parts", "steps", "--step-workers", "4", "--step-arms", "topk10", "--rates", "100"])
+    kept = netval.kept_rows(args, out, netval.settings(args))
+    assert sorted((r["kind"], int(r["workers"])) for r in kept) == \
+        [("allreduce", 2), ("step_dense", 4), ("step_topk10", 2)]

@@ -12,7 +12,12 @@ A measured profile (`network.collectives=gloo-cpu` or a file; `bench/netval.py -
 algorithm's steps and wire bytes and gives every collective its own terms, fitted to a real
 backend (docs/DEFINITIONS.md, "Collective profiles"):
 
-    t = call_s + steps(N)·(α + step_s) + wire(N, b)·((link_factor + [N = 2]·pair_factor)/β + host_s_per_byte)
+    t = call_s + steps(N)·(α + step_s + crowd(N)·crowd_step_s)
+          + wire(N, b)·((link_factor + [N = 2]·pair_factor)/β + host_s_per_byte)
+
+crowd(N) = max(0, N/C − 1) when the N workers share C cores (`network.shared_cores`, as on the
+one machine bench/netval.py measures on), else 0: a message then also waits for its receiver to
+be scheduled.
 
 steps and wire follow gloo's algorithms (its ring all-gather and all-reduce, the same as ideal;
 its broadcast tree, whose nodes send to all their children at once).
@@ -30,7 +35,7 @@ from gravac.core.errors import UserError
 from gravac.core.schema import NetworkCfg
 
 __all__ = ["COLLECTIVES", "TERMS", "CollectiveCost", "CollectiveProfile", "Measurement", "NetworkModel",
-           "fit_profile", "load_profile", "steps", "wire"]
+           "crowd", "fit_profile", "load_profile", "steps", "wire"]
 
 
 def _tree(workers: int) -> tuple[int, int]:
@@ -75,24 +80,37 @@ class CollectiveCost:
     `step_s` per message on the critical path on top of the network's α, `link_factor` × the wire
     time at β (1: the link's full rate), `pair_factor` × the wire time more with two workers (a
     ring's send and receive peer are then one rank: both directions share one connection), and
-    `host_s_per_byte` per wire byte whatever the link's rate (the host's copies and TCP stack)."""
+    `host_s_per_byte` per wire byte whatever the link's rate (the host's copies and TCP stack), and
+    `crowd_step_s` per message and per extra worker sharing a core (crowd(N) = N/C − 1 when N
+    workers share C cores: the receiver waits to be scheduled; 0 on a cluster of machines)."""
     call_s: float
     step_s: float
     link_factor: float
     pair_factor: float
     host_s_per_byte: float
+    crowd_step_s: float = 0.0
 
     def link(self, workers: int) -> float:
         """How many times the link's rate a wire byte takes with `workers` workers."""
         return self.link_factor + (self.pair_factor if workers == 2 else 0.0)
 
+    def step(self, workers: int, alpha_s: float, shared_cores: int = 0) -> float:
+        """Seconds of one critical-path message beyond its bytes."""
+        return alpha_s + self.step_s + crowd(workers, shared_cores) * self.crowd_step_s
+
     def seconds(self, kind: str, nbytes: float, workers: int, alpha_s: float, beta_Bps: float,
-                burst_bytes: float = 0.0) -> float:
+                burst_bytes: float = 0.0, shared_cores: int = 0) -> float:
         """The collective's time; `burst_bytes` of its wire bytes pass the link at once (a shaped
-        test link's token bucket, 0 on a real one)."""
+        test link's token bucket, 0 on a real one); `shared_cores`: the cores all workers share
+        (0: each its own machine)."""
         w = wire(kind, nbytes, workers)
-        return (self.call_s + steps(kind, workers) * (alpha_s + self.step_s)
+        return (self.call_s + steps(kind, workers) * self.step(workers, alpha_s, shared_cores)
                 + max(0.0, w - burst_bytes) * self.link(workers) / beta_Bps + w * self.host_s_per_byte)
+
+
+def crowd(workers: int, shared_cores: int) -> float:
+    """Extra workers per core when `workers` processes share `shared_cores` cores (0: not shared)."""
+    return max(0.0, workers / shared_cores - 1.0) if shared_cores > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -119,7 +137,7 @@ class CollectiveProfile:
 class Measurement:
     """One timed collective: `kind`, `nbytes` as the model takes it, `workers`, the link's
     `alpha_s`, `beta_Bps` and `burst_bytes` (CollectiveCost.seconds), and the measured `seconds`
-    (median over repetitions, slowest rank)."""
+    (median over repetitions, slowest rank); `shared_cores`: the cores its workers shared (0: none)."""
     kind: str
     nbytes: float
     workers: int
@@ -127,6 +145,7 @@ class Measurement:
     beta_Bps: float
     seconds: float
     burst_bytes: float = 0.0
+    shared_cores: int = 0
 
 
 def _design_row(m: Measurement) -> list[float]:
@@ -134,7 +153,8 @@ def _design_row(m: Measurement) -> list[float]:
     α adds steps × α, known, not fitted)."""
     n, w = m.workers, wire(m.kind, m.nbytes, m.workers)
     at_rate = max(0.0, w - m.burst_bytes) / m.beta_Bps
-    return [1.0, steps(m.kind, n), at_rate, (at_rate if n == 2 else 0.0), w]
+    k = steps(m.kind, n)
+    return [1.0, k, at_rate, (at_rate if n == 2 else 0.0), w, k * crowd(n, m.shared_cores)]
 
 
 def fit_profile(measurements: list[Measurement], name: str, floor_s: float = 0.01, note: str = "") -> CollectiveProfile:
@@ -146,7 +166,7 @@ def fit_profile(measurements: list[Measurement], name: str, floor_s: float = 0.0
     import numpy as np
     from scipy.optimize import lsq_linear
 
-    ideal = CollectiveCost(0.0, 0.0, 1.0, 0.0, 0.0)
+    ideal = CollectiveCost(0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
     costs = {}
     for kind in COLLECTIVES:
         mine = [m for m in measurements if m.kind == kind and m.workers > 1]
@@ -159,7 +179,7 @@ def fit_profile(measurements: list[Measurement], name: str, floor_s: float = 0.0
         scale = 1.0 / np.maximum(t, floor_s)
         col = np.abs(a).max(axis=0)
         col[col == 0] = 1.0                      # a term no measurement exercises stays 0
-        lower = np.array([0.0, 0.0, 1.0, 0.0, 0.0]) * col    # no collective beats the link's rate
+        lower = np.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0]) * col    # no collective beats the link's rate
         res = lsq_linear(a * scale[:, None] / col, (t - known) * scale, bounds=(lower, np.inf))
         costs[kind] = CollectiveCost(*map(float, res.x / col))
     return CollectiveProfile(name=name, costs=costs, source=name, note=note)
@@ -187,15 +207,18 @@ class NetworkModel:
     name: str = ""
     profile: CollectiveProfile | None = None
     burst_bytes: float = 0.0   # with a profile: bytes the link passes at once (tc tbf's bucket, bench/netval.py)
+    shared_cores: int = 0      # with a profile: the cores all workers share (one machine), 0: one machine each
 
     @classmethod
     def from_cfg(cls, cfg: NetworkCfg) -> "NetworkModel":
         """Build from config; a comm_ratio network is recalibrated later by `calibrate`."""
         return cls(alpha_s=cfg.latency_us * 1e-6, beta_Bps=cfg.bandwidth_gbps * 1e9 / 8,
-                   enabled=cfg.enabled, name=cfg.name, profile=load_profile(cfg.collectives))
+                   enabled=cfg.enabled, name=cfg.name, profile=load_profile(cfg.collectives),
+                   shared_cores=cfg.shared_cores)
 
     def _fitted(self, kind: str, nbytes: float, workers: int) -> float:
-        return self.profile.costs[kind].seconds(kind, nbytes, workers, self.alpha_s, self.beta_Bps, self.burst_bytes)
+        return self.profile.costs[kind].seconds(kind, nbytes, workers, self.alpha_s, self.beta_Bps, self.burst_bytes,
+                                                self.shared_cores)
 
     def allreduce(self, nbytes: float, workers: int) -> float:
         """Seconds for an all-reduce of `nbytes` over `workers` (0 for one worker)."""
@@ -222,8 +245,9 @@ class NetworkModel:
         if self.profile is None or not self.enabled or workers <= 1:
             return [self.allgather(COUNT_BYTES, workers), self.allgather(nbytes_per_worker, workers)]
         c, n = self.profile.costs["sparse_allgather"], workers
-        total = c.seconds("sparse_allgather", nbytes_per_worker, n, self.alpha_s, self.beta_Bps, self.burst_bytes)
-        counts = c.call_s + (n - 1) * (self.alpha_s + c.step_s) \
+        total = c.seconds("sparse_allgather", nbytes_per_worker, n, self.alpha_s, self.beta_Bps, self.burst_bytes,
+                          self.shared_cores)
+        counts = c.call_s + (n - 1) * c.step(n, self.alpha_s, self.shared_cores) \
             + (n - 1) * COUNT_BYTES * (c.link(n) / self.beta_Bps + c.host_s_per_byte)
         return [counts, total - counts]
 
@@ -249,7 +273,7 @@ class NetworkModel:
         if self.profile is not None:
             c = self.profile.costs["allreduce"]
             w = wire("allreduce", dense_bytes, n)
-            budget = ratio * compute_s - c.call_s - steps("allreduce", n) * (self.alpha_s + c.step_s) \
+            budget = ratio * compute_s - c.call_s - steps("allreduce", n) * c.step(n, self.alpha_s, self.shared_cores) \
                 - w * c.host_s_per_byte
             if budget <= 0:   # fixed costs alone exceed the budget: the link term takes all of it
                 budget = ratio * compute_s
@@ -269,7 +293,8 @@ class NetworkModel:
             return {**out, "collectives": "ideal"}
         return {**out, "model": f"collective profile {self.profile.name}",
                 "collectives": self.profile.source,
-                "formula": "call_s + steps(N)(a + step_s) + wire(N, bytes)((link_factor + [N=2] pair_factor)/b + host_s_per_byte)",
+                "formula": "call_s + steps(N)(a + step_s + crowd(N) crowd_step_s) + wire(N, bytes)((link_factor + [N=2] pair_factor)/b + host_s_per_byte)",
+                "shared_cores": self.shared_cores,
                 "allreduce": "steps 2(N-1), wire 2(N-1)/N B", "allgather": "steps N-1, wire (N-1) b_w",
                 "sparse_allgather": "steps 2(N-1), wire (N-1)(8 + b_w)", "broadcast": "gloo's tree: steps its hops, wire its link-sharing (N=4: 2 hops, 3B)",
                 "profile": self.profile.to_json()["collectives"]}

@@ -1,6 +1,6 @@
 """Collective profiles as data: finding and checking the file `network.collectives` names.
 
-A profile holds, for each collective, the five fitted terms of gravac/cluster/netmodel.py's cost
+A profile holds, for each collective, the fitted terms of gravac/cluster/netmodel.py's cost
 formula (docs/DEFINITIONS.md, "Collective profiles"). It is read here, in the neutral core, so the
 config check refuses a missing or broken file in one line before a run or sweep starts; the model
 that uses the terms lives in gravac/cluster/netmodel.py.
@@ -12,7 +12,9 @@ import math
 from pathlib import Path
 
 COLLECTIVES = ("allreduce", "allgather", "sparse_allgather", "broadcast")
-TERMS = ("call_s", "step_s", "link_factor", "pair_factor", "host_s_per_byte")
+TERMS = ("call_s", "step_s", "link_factor", "pair_factor", "host_s_per_byte", "crowd_step_s")
+#: Terms a profile may leave out (0): profiles fitted before crowd_step_s existed stay readable.
+OPTIONAL_TERMS = {"crowd_step_s": 0.0}
 #: Committed profiles: `network.collectives=NAME` reads NAME.json here.
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "results" / "reference" / "collectives"
 
@@ -47,12 +49,12 @@ def read_profile(spec: str) -> dict:
         if not isinstance(entry, dict):
             raise ProfileError(f"collective {kind!r} is missing (a profile needs {', '.join(COLLECTIVES)})")
         for t in TERMS:
-            v = entry.get(t)
+            v = entry.get(t, OPTIONAL_TERMS.get(t))
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
                     or (t == "link_factor" and v <= 0):
                 raise ProfileError(f"{kind}.{t} is {json.dumps(v)}, not a number {'> 0' if t == 'link_factor' else '>= 0'} "
-                                   f"(each collective needs {', '.join(TERMS)})")
-        out[kind] = {t: float(entry[t]) for t in TERMS}
+                                   f"(each collective needs {', '.join(t for t in TERMS if t not in OPTIONAL_TERMS)})")
+        out[kind] = {t: float(entry.get(t, OPTIONAL_TERMS.get(t))) for t in TERMS}
     return {"name": str(data.get("name") or path.stem), "note": str(data.get("note", "")), "collectives": out}
 
 

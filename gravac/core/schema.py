@@ -92,6 +92,9 @@ class NetworkCfg:
     collectives: str = option("ideal", check=lambda v: v != "", valid="ideal, a profile name or a profile file",
                               doc="collective cost model: ideal (alpha-beta ring, assumed) | gloo-cpu (fitted to gloo "
                                   "over real links, results/reference/collectives) | the path of a profile file")
+    shared_cores: int = option(0, check=lambda v: v >= 0, valid=">= 0",
+                               doc="0: each worker has its own machine | C: all workers share C cores (a one-machine "
+                                   "run, as bench/netval.py's links); a profile's crowd_step_s then applies")
 
     def errors(self, prefix: str) -> list[str]:
         """A profile other than ideal must be a readable, complete file (gravac/core/collectives.py)."""
