@@ -163,11 +163,28 @@ def grouped(a: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return a
 
 
-def group_reduce(ufunc, a: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """ufunc.reduce over each group of the flat array a (one pass)."""
+def group_reduce(ufunc, a: np.ndarray, lens: np.ndarray, pre=None) -> np.ndarray:
+    """ufunc.reduceat over each group of the flat array a, of ``pre(a, dtype=float64)`` if given
+    (np.square, np.abs). Groups of at most BLOCK elements go in blocks of whole groups on the
+    module's threads, the transform staying in cache; each group is still one reduceat segment,
+    so the result is the one of a single reduceat over the whole array."""
     starts = np.zeros(lens.shape[0], dtype=np.int64)
     np.cumsum(lens[:-1], out=starts[1:])
-    return ufunc.reduceat(a, starts)
+    if pre is None and (a.shape[0] < PARALLEL_MIN or int(lens.max()) > BLOCK):
+        return ufunc.reduceat(a, starts)
+    if int(lens.max()) > BLOCK:
+        return ufunc.reduceat(pre(a, dtype=np.float64), starts)
+    out = np.empty(lens.shape[0], dtype=np.float64 if pre is not None else a.dtype)
+    per = max(BLOCK // int(lens.max()), 1)          # groups per block
+    blocks = [(g, min(g + per, lens.shape[0])) for g in range(0, lens.shape[0], per)]
+
+    def part(blocks):
+        for g0, g1 in blocks:
+            lo, hi = int(starts[g0]), int(starts[g1 - 1] + lens[g1 - 1])
+            v = a[lo:hi] if pre is None else pre(a[lo:hi], dtype=np.float64)
+            ufunc.reduceat(v, starts[g0:g1] - lo, out=out[g0:g1])
+    in_parts(blocks, part, a.shape[0])
+    return out
 
 
 def dither_seed(seed: int, salt: int) -> int:
@@ -225,12 +242,13 @@ PARALLEL_MIN = 1 << 20
 _POOL = None
 
 
-def in_parts(blocks: list, fn) -> None:
+def in_parts(blocks: list, fn, n: int | None = None) -> None:
     """fn(contiguous run of blocks) for torch.get_num_threads() runs at once (NumPy releases the
     GIL in its loops); the result does not depend on the number of runs (each block's work and
-    random draws follow from its position alone)."""
+    random draws follow from its position alone). ``n``: elements the blocks cover (default:
+    the last block's end)."""
     k = min(torch.get_num_threads(), len(blocks), 8)
-    if k <= 1 or blocks[-1][1] < PARALLEL_MIN:
+    if k <= 1 or (blocks[-1][1] if n is None else n) < PARALLEL_MIN:
         fn(blocks)
         return
     pool = _pool(k)
@@ -468,14 +486,14 @@ def group_scale(a: np.ndarray, lens: np.ndarray, kind: str) -> np.ndarray:
         elif g.ndim == 2:
             out = np.sqrt(np.einsum("ij,ij->i", g, g, dtype=np.float64))
         else:
-            out = np.sqrt(group_reduce(np.add, np.square(a, dtype=np.float64), lens))
+            out = np.sqrt(group_reduce(np.add, a, lens, pre=np.square))
         return out
     if kind == "max":
         lo, hi = group_min_max(a, lens)
         return np.maximum(hi.astype(np.float64), -lo.astype(np.float64))
     if kind == "mean":
         s = by_rows(lambda v: np.abs(v).sum(axis=1, dtype=np.float64), g) if g.ndim == 2 else \
-            group_reduce(np.add, np.abs(a).astype(np.float64), lens)
+            group_reduce(np.add, a, lens, pre=np.abs)
         return s / lens
     raise ValueError(kind)
 
