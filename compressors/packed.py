@@ -136,23 +136,24 @@ class Spread:
         step = max(BLOCK // unit, 1) * unit
         return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
-    def apply(self, ufunc, y: np.ndarray, lo: int, hi: int) -> None:
-        """y = ufunc(y, value) in place, y being the block [lo, hi)."""
+    def apply(self, ufunc, y: np.ndarray, lo: int, hi: int, src: np.ndarray | None = None) -> None:
+        """y = ufunc(src, value) for the block [lo, hi) (src: y itself, in place, by default)."""
+        x = y if src is None else src
         if self.kind == "one":
-            ufunc(y, self.vals[0], out=y)
+            ufunc(x, self.vals[0], out=y)
         elif self.kind == "repeat":                   # the groups meeting [lo, hi), repeated
             g0 = int(np.searchsorted(self.bounds, lo, side="right")) - 1
             g1 = int(np.searchsorted(self.bounds, hi, side="left"))
             b = np.clip(self.bounds[g0:g1 + 1], lo, hi)
-            ufunc(y, np.repeat(self.vals[g0:g1], np.diff(b)), out=y)
+            ufunc(x, np.repeat(self.vals[g0:g1], np.diff(b)), out=y)
         else:
             g0, L = lo // self.L, self.L
             full = (hi - lo) // L
             if full:
                 v = y[:full * L].reshape(full, L)
-                ufunc(v, self.vals[g0:g0 + full, None], out=v)
+                ufunc(x[:full * L].reshape(full, L), self.vals[g0:g0 + full, None], out=v)
             if hi - lo > full * L:                  # the short last group
-                ufunc(y[full * L:], self.vals[g0 + full], out=y[full * L:])
+                ufunc(x[full * L:], self.vals[g0 + full], out=y[full * L:])
 
 
 def grouped(a: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -195,36 +196,42 @@ def dither_seed(seed: int, salt: int) -> int:
 
 
 def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, top: int, *,
-                 seed: int | None, salt: int = 0, shift: np.ndarray | None = None) -> np.ndarray:
-    """uint8 codes of y = (a + shift[g]) * mult[g] + add (y in [0, top] by construction):
-    floor(y + u) with u uniform 16-bit (stochastic, E[code] = y) when ``seed`` is given, else
-    round(y) (nearest). The shift comes first so that data far from 0 keeps its precision.
+                 seed: int | None, salt: int = 0, shift: np.ndarray | None = None, bits: int = 8) -> np.ndarray:
+    """Codes of y = (a + shift[g]) * mult[g] + add (y in [0, top] by construction), packed at
+    ``bits`` (see pack): floor(y + u) with u uniform 16-bit (stochastic, E[code] = y) when ``seed``
+    is given, else round(y) (nearest). The shift comes first so that data far from 0 keeps its
+    precision.
 
     Stochastic: t = y * 2^16 + r + 1/2 in float32 (below 2^24 for top <= 255, so the 16 random
     bits keep their weight), truncated to int32 and shifted right by 16. Codes a float rounding
     outside [0, top] are clipped. Runs in blocks of about BLOCK elements (cache-resident
-    temporaries); block b of the dither is the stream's next (block length) 16-bit integers."""
+    temporaries, each block packed before it leaves the cache); block b of the dither is the
+    stream's next (block length) 16-bit integers."""
     n, scale = a.shape[0], 65536.0 if seed is not None else 1.0
     m = Spread((mult * scale).astype(np.float32), lens, n)
     sh = Spread(shift.astype(np.float32), lens, n) if shift is not None else None
     s0 = dither_seed(seed, salt) if seed is not None else None
     plus = np.float32(add * scale + 0.5)
-    out = np.empty(n, dtype=np.uint8)
+    per = 8 // bits
+    out = np.empty(-(-n // per), dtype=np.uint8)
 
     def part(blocks):
         if not blocks:
             return
-        ybuf, tbuf = np.empty(BLOCK + m.L, dtype=np.float32), np.empty(BLOCK + m.L, dtype=np.int32)
+        size = BLOCK + m.L
+        ybuf, tbuf = np.empty(size, dtype=np.float32), np.empty(size, dtype=np.int32)
+        cbuf = np.empty(size, dtype=np.uint8) if per > 1 else None
         bg = None
         if s0 is not None:          # the stream from this part's first draw: blocks start at multiples of 8
             bg = np.random.PCG64(s0)
             bg.advance(blocks[0][0] // 4)
         for lo, hi in blocks:
             y, t = ybuf[:hi - lo], tbuf[:hi - lo]
-            np.copyto(y, a[lo:hi])
             if sh is not None:
-                sh.apply(np.add, y, lo, hi)
-            m.apply(np.multiply, y, lo, hi)
+                sh.apply(np.add, y, lo, hi, src=a[lo:hi])
+                m.apply(np.multiply, y, lo, hi)
+            else:
+                m.apply(np.multiply, y, lo, hi, src=a[lo:hi])
             if bg is not None:
                 y += bg.random_raw((hi - lo + 3) // 4).view(np.uint16)[:hi - lo]
             y += plus
@@ -232,7 +239,12 @@ def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, 
             if bg is not None:
                 t >>= 16
             np.clip(t, 0, top, out=t)
-            np.copyto(out[lo:hi], t, casting="unsafe")
+            if cbuf is None:
+                np.copyto(out[lo:hi], t, casting="unsafe")
+            else:                                  # blocks start on a byte: pack them one by one
+                c = cbuf[:hi - lo]
+                np.copyto(c, t, casting="unsafe")
+                out[lo // per:-(-hi // per)] = pack(c, bits)
     in_parts(m.blocks(n), part)
     return out
 
@@ -401,7 +413,7 @@ class Quantizer(Compressor):
         a = x.detach().to("cpu", torch.float32).numpy()
         lens = group_lengths(sizes, self.bucket)
         codes, scales = self._encode(a, lens, seed, check)
-        return QuantPayload(pack(codes, self.bits), scales.astype(np.float32, copy=False), a.shape[0], self,
+        return QuantPayload(codes, scales.astype(np.float32, copy=False), a.shape[0], self,
                             lens, x.dtype, x.device)
 
     def decode(self, p: QuantPayload) -> Tensor:
@@ -434,7 +446,7 @@ class Quantizer(Compressor):
 
     @abstractmethod
     def _encode(self, a: np.ndarray, lens: np.ndarray, seed: int, check: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(uint8 codes, float32 scales of shape (groups,) or (groups, m)) of float32 array a;
+        """(codes packed at ``bits`` (see pack), float32 scales of shape (groups,) or (groups, m)) of float32 array a;
         with ``check``, raise ValueError on NaN/Inf (``finite(scales)``: the scales see every element)."""
 
     @abstractmethod
