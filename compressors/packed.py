@@ -423,25 +423,31 @@ class Quantizer(Compressor):
         st = Spread(step.astype(np.float32), p.lens, n)
         bs = Spread(base.astype(np.float32), p.lens, n) if base is not None else None
         out = np.empty(n, dtype=np.float32)
-        per = 8 // self.bits
+        per, blocks = 8 // self.bits, st.blocks(n)
         lut = code_table(self.bits, np.float32, self.offset)   # byte -> its codes minus the offset
+        if st.kind == "one" and per > 1:    # one group: the table holds the decoded values (same roundings)
+            lut *= st.vals[0]
+            if bs is not None:
+                lut += bs.vals[0]
+            st = bs = None
 
         def part(blocks):
             for lo, hi in blocks:
                 y = out[lo:hi]
                 nb, b0 = (hi - lo) // per, lo // per          # whole bytes; blocks start on a byte
-                if per == 1:                                  # 8 bits: a cast (faster than the table)
-                    np.copyto(y, p.codes[lo:hi], casting="unsafe")
-                    if self.offset:
-                        y -= np.float32(self.offset)
+                if per == 1 and self.offset:                  # 8 bits: arithmetic on the bytes (no table)
+                    np.subtract(p.codes[lo:hi], np.float32(self.offset), out=y)
+                elif per == 1:
+                    st.apply(np.multiply, y, lo, hi, src=p.codes[lo:hi])
                 else:
                     np.take(lut, p.codes[b0:b0 + nb], axis=0, out=y[:nb * per].reshape(nb, per))
                 if nb * per < hi - lo:
                     y[nb * per:] = lut[p.codes[b0 + nb]][:hi - lo - nb * per]
-                st.apply(np.multiply, y, lo, hi)
+                if st is not None and (per > 1 or self.offset):
+                    st.apply(np.multiply, y, lo, hi)
                 if bs is not None:
                     bs.apply(np.add, y, lo, hi)
-        in_parts(st.blocks(n), part)
+        in_parts(blocks, part)
         return torch.from_numpy(out).to(device=p.device, dtype=p.dtype)
 
     @abstractmethod
