@@ -27,10 +27,12 @@ QUANTIZERS = {
 
 
 def data(n: int, kind: str) -> torch.Tensor:
-    """Seeded float32 test data: heavy-tailed, 30% zeros, few distinct values (ties), or all zeros."""
+    """Seeded float32 test data: heavy-tailed, normal, 30% zeros, few distinct values (ties), or all zeros."""
     g = torch.Generator().manual_seed(1000 + n)
     x = torch.randn(n, generator=g) * torch.randn(n, generator=g).exp()
-    if kind == "zeros":
+    if kind == "normal":
+        x = torch.randn(n, generator=g)
+    elif kind == "zeros":
         x[torch.rand(n, generator=g) < 0.3] = 0
     elif kind == "ties":
         x = torch.round(x * 2) / 2
@@ -84,8 +86,8 @@ def cases():
                 yield ("q", name, n, kind, 3)
         yield ("l", name, 100_003, "heavy", 4)
     for n in TOPK_SIZES:
-        for kind in ("heavy", "zeros", "ties"):
-            for cf in (10, 100, 1000):
+        for kind in ("heavy", "normal", "zeros", "ties"):
+            for cf in (4, 10, 20, 100, 1000):
                 yield ("t", "topk", n, kind, cf)
 
 
@@ -661,22 +663,44 @@ GOLDEN: dict[str, str] = {
     "q:bf16:1048613:zeros:3": "47f6630b6ab7a5ff486d",
     "q:bf16:1048613:ties:3": "ba76ebfe667fdc4b0c6d",
     "l:bf16:100003:heavy:4": "56ece8564dc53122e854",
+    "t:topk:100003:heavy:4": "cb84d81cb42a0f0ef4ac",
     "t:topk:100003:heavy:10": "61b3838983d8e6c786c0",
+    "t:topk:100003:heavy:20": "d66498badd5aace64b3e",
     "t:topk:100003:heavy:100": "4e2d4f7edff2fb05181e",
     "t:topk:100003:heavy:1000": "ab1e4de589a0393c1fe1",
+    "t:topk:100003:normal:4": "ee2e723ad26b1fdc46d0",
+    "t:topk:100003:normal:10": "7e8061d0d83dc5d4dd09",
+    "t:topk:100003:normal:20": "6e0c497dd4c322a5a94b",
+    "t:topk:100003:normal:100": "90fe6bd62fe0cd0a29c5",
+    "t:topk:100003:normal:1000": "68312c932b89e0be4c0f",
+    "t:topk:100003:zeros:4": "f2692512b6fd9dfef820",
     "t:topk:100003:zeros:10": "53392e12b8c45b5fb613",
+    "t:topk:100003:zeros:20": "bf7fa0c11f3041814f20",
     "t:topk:100003:zeros:100": "ef3f0e00bcfe846f2513",
     "t:topk:100003:zeros:1000": "4757d91398fd1ffbee96",
+    "t:topk:100003:ties:4": "2c3f5f937149b3c02ef0",
     "t:topk:100003:ties:10": "c48b771a79e96841d72d",
+    "t:topk:100003:ties:20": "1038b95a4ecba57f752a",
     "t:topk:100003:ties:100": "39794167635e3331e4bb",
     "t:topk:100003:ties:1000": "841ebd982941ea1b50aa",
+    "t:topk:1048613:heavy:4": "de7a20fd06fcf5be522e",
     "t:topk:1048613:heavy:10": "45b3326c44af43765d64",
+    "t:topk:1048613:heavy:20": "d8451027f1c364613197",
     "t:topk:1048613:heavy:100": "b02f81815777cc437ac4",
     "t:topk:1048613:heavy:1000": "55ee0108602e9cf5dac5",
+    "t:topk:1048613:normal:4": "a0874e1279345c590ef9",
+    "t:topk:1048613:normal:10": "84bc05729ab929b227c3",
+    "t:topk:1048613:normal:20": "6f4b029bbcc8315dbf26",
+    "t:topk:1048613:normal:100": "3d7ebd5fbcfcf68d9d0d",
+    "t:topk:1048613:normal:1000": "2d84ec1866f8a16fe916",
+    "t:topk:1048613:zeros:4": "79a3e10a92dc2068e35c",
     "t:topk:1048613:zeros:10": "83803571b58db5b1052e",
+    "t:topk:1048613:zeros:20": "fadd842ddf65b819a003",
     "t:topk:1048613:zeros:100": "76074e13eaa83e27aaa1",
     "t:topk:1048613:zeros:1000": "3aeb69fa5b2af701dfb8",
+    "t:topk:1048613:ties:4": "63578fcd9fa93824647d",
     "t:topk:1048613:ties:10": "7b12197415cfbdecd7b5",
+    "t:topk:1048613:ties:20": "c157098f08da980d282f",
     "t:topk:1048613:ties:100": "d9742f0bff5be239d492",
     "t:topk:1048613:ties:1000": "ffbe3838ef013dbe5ca2",
 }
