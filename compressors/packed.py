@@ -81,6 +81,14 @@ def unpack(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
     return np.take(code_table(bits, np.uint8, 0), packed, axis=0).reshape(-1)[:n]
 
 
+def nibbles(packed: np.ndarray) -> np.ndarray:
+    """The 2n 4-bit codes of n bytes, as uint8: each byte widened to a little-endian uint16 with
+    its high nibble moved to the second byte (NumPy's take on a 2-float table is ~10x slower)."""
+    w = packed.astype(np.uint16)
+    w = (w & 0x000F) | ((w & 0x00F0) << 4)
+    return w.view(np.uint8) if np.little_endian else w.byteswap().view(np.uint8)
+
+
 def code_table(bits: int, dtype, offset: float) -> np.ndarray:
     """(256, 8/bits) table: the codes a byte holds, minus ``offset``, as ``dtype``."""
     per = 8 // bits
@@ -425,7 +433,7 @@ class Quantizer(Compressor):
         out = np.empty(n, dtype=np.float32)
         per, blocks = 8 // self.bits, st.blocks(n)
         lut = code_table(self.bits, np.float32, self.offset)   # byte -> its codes minus the offset
-        if st.kind == "one" and per > 1:    # one group: the table holds the decoded values (same roundings)
+        if st.kind == "one" and per > 2:    # one group: the table holds the decoded values (same roundings)
             lut *= st.vals[0]
             if bs is not None:
                 lut += bs.vals[0]
@@ -435,15 +443,16 @@ class Quantizer(Compressor):
             for lo, hi in blocks:
                 y = out[lo:hi]
                 nb, b0 = (hi - lo) // per, lo // per          # whole bytes; blocks start on a byte
-                if per == 1 and self.offset:                  # 8 bits: arithmetic on the bytes (no table)
-                    np.subtract(p.codes[lo:hi], np.float32(self.offset), out=y)
-                elif per == 1:
-                    st.apply(np.multiply, y, lo, hi, src=p.codes[lo:hi])
+                if per <= 2:                                  # 8 and 4 bits: casts (faster than the table)
+                    codes = p.codes[lo:hi] if per == 1 else nibbles(p.codes[b0:b0 + nb])
+                    np.copyto(y[:nb * per], codes, casting="unsafe")
+                    if self.offset:
+                        y -= np.float32(self.offset)
                 else:
                     np.take(lut, p.codes[b0:b0 + nb], axis=0, out=y[:nb * per].reshape(nb, per))
                 if nb * per < hi - lo:
                     y[nb * per:] = lut[p.codes[b0 + nb]][:hi - lo - nb * per]
-                if st is not None and (per > 1 or self.offset):
+                if st is not None:
                     st.apply(np.multiply, y, lo, hi)
                 if bs is not None:
                     bs.apply(np.add, y, lo, hi)
