@@ -172,28 +172,35 @@ def grouped(a: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return a
 
 
-def group_reduce(ufunc, a: np.ndarray, lens: np.ndarray, pre=None) -> np.ndarray:
+def group_reduce(ufunc, a: np.ndarray, lens: np.ndarray, pre=None):
     """ufunc.reduceat over each group of the flat array a, of ``pre(a, dtype=float64)`` if given
-    (np.square, np.abs). Groups of at most BLOCK elements go in blocks of whole groups on the
-    module's threads, the transform staying in cache; each group is still one reduceat segment,
-    so the result is the one of a single reduceat over the whole array."""
+    (np.square, np.abs); ``ufunc`` may be a tuple of ufuncs (one result each, one read of a).
+    Groups of at most BLOCK elements go in blocks of whole groups on the module's threads, the
+    transform staying in cache; each group is still one reduceat segment, so the result is the
+    one of a single reduceat over the whole array."""
+    funcs = ufunc if isinstance(ufunc, tuple) else (ufunc,)
     starts = np.zeros(lens.shape[0], dtype=np.int64)
     np.cumsum(lens[:-1], out=starts[1:])
-    if pre is None and (a.shape[0] < PARALLEL_MIN or int(lens.max()) > BLOCK):
-        return ufunc.reduceat(a, starts)
-    if int(lens.max()) > BLOCK:
-        return ufunc.reduceat(pre(a, dtype=np.float64), starts)
-    out = np.empty(lens.shape[0], dtype=np.float64 if pre is not None else a.dtype)
-    per = max(BLOCK // int(lens.max()), 1)          # groups per block
-    blocks = [(g, min(g + per, lens.shape[0])) for g in range(0, lens.shape[0], per)]
+    if int(lens.max()) > BLOCK or (pre is None and a.shape[0] < PARALLEL_MIN):
+        v = a if pre is None else pre(a, dtype=np.float64)
+        outs = [f.reduceat(v, starts) for f in funcs]
+        return tuple(outs) if isinstance(ufunc, tuple) else outs[0]
+    outs = [np.empty(lens.shape[0], dtype=np.float64 if pre is not None else a.dtype) for _ in funcs]
 
     def part(blocks):
         for g0, g1 in blocks:
             lo, hi = int(starts[g0]), int(starts[g1 - 1] + lens[g1 - 1])
             v = a[lo:hi] if pre is None else pre(a[lo:hi], dtype=np.float64)
-            ufunc.reduceat(v, starts[g0:g1] - lo, out=out[g0:g1])
-    in_parts(blocks, part, a.shape[0])
-    return out
+            for f, out in zip(funcs, outs):
+                f.reduceat(v, starts[g0:g1] - lo, out=out[g0:g1])
+    in_parts(group_blocks(lens.shape[0], int(lens.max())), part, a.shape[0])
+    return tuple(outs) if isinstance(ufunc, tuple) else outs[0]
+
+
+def group_blocks(groups: int, length: int) -> list[tuple[int, int]]:
+    """Ranges [g0, g1) of whole groups of at most ``length`` elements, about BLOCK elements each."""
+    per = max(BLOCK // length, 1)
+    return [(g, min(g + per, groups)) for g in range(0, groups, per)]
 
 
 def dither_seed(seed: int, salt: int) -> int:
@@ -499,9 +506,18 @@ def by_rows(fn, g: np.ndarray, exact_combine=None) -> np.ndarray:
 def group_min_max(a: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-group (min, max) of a (float32), threaded where the groups allow (see by_rows)."""
     g = grouped(a, lens)
-    if g.ndim == 2:
+    if g.ndim == 1:
+        return group_reduce((np.minimum, np.maximum), a, lens)
+    if g.shape[0] < min(torch.get_num_threads(), 8) or g.shape[1] > BLOCK:   # few long groups
         return (by_rows(lambda v: v.min(axis=1), g, np.minimum), by_rows(lambda v: v.max(axis=1), g, np.maximum))
-    return group_reduce(np.minimum, a, lens), group_reduce(np.maximum, a, lens)
+    lo, hi = np.empty(g.shape[0], dtype=a.dtype), np.empty(g.shape[0], dtype=a.dtype)
+
+    def part(blocks):                       # rows as by_rows reduces them, min and max in one read
+        for r0, r1 in blocks:
+            np.minimum.reduce(g[r0:r1], axis=1, out=lo[r0:r1])
+            np.maximum.reduce(g[r0:r1], axis=1, out=hi[r0:r1])
+    in_parts(group_blocks(g.shape[0], g.shape[1]), part, a.shape[0])
+    return lo, hi
 
 
 def group_scale(a: np.ndarray, lens: np.ndarray, kind: str) -> np.ndarray:
