@@ -181,7 +181,7 @@ def group_reduce(ufunc, a: np.ndarray, lens: np.ndarray, pre=None):
     funcs = ufunc if isinstance(ufunc, tuple) else (ufunc,)
     starts = np.zeros(lens.shape[0], dtype=np.int64)
     np.cumsum(lens[:-1], out=starts[1:])
-    if int(lens.max()) > BLOCK or (pre is None and a.shape[0] < PARALLEL_MIN):
+    if a.shape[0] < PARALLEL_MIN or int(lens.max()) > BLOCK:
         v = a if pre is None else pre(a, dtype=np.float64)
         outs = [f.reduceat(v, starts) for f in funcs]
         return tuple(outs) if isinstance(ufunc, tuple) else outs[0]
