@@ -234,13 +234,20 @@ def above(a, thr: float, *, strict: bool = False, check: bool = False, abs_sum: 
     return Scan(*out.arrays(), amax, total, band)
 
 
+def torch_empty(n: int, dtype) -> np.ndarray:
+    """np.empty(n, dtype) in memory from torch's allocator. NumPy asks the kernel for huge pages for
+    large arrays; on a loaded host first touching them stalled for tens of ms (page compaction) in
+    one call out of three, torch's plain pages cost about the same on average without the stalls."""
+    return torch.empty(n, dtype=torch.from_numpy(np.empty(0, dtype=dtype)).dtype).numpy()
+
+
 class _Growing:
     """Positions (int64) and values of a scan, appended block by block into preallocated arrays
     (doubled when full): one write of the result instead of pieces and a concatenation."""
 
     def __init__(self, capacity: int, dtype) -> None:
-        self.idx = np.empty(max(capacity, 1), dtype=np.int64)
-        self.vals = np.empty(max(capacity, 1), dtype=dtype)
+        self.idx = torch_empty(max(capacity, 1), np.int64)
+        self.vals = torch_empty(max(capacity, 1), dtype)
         self.count = 0
 
     def add(self, nz: np.ndarray, off: int, c: np.ndarray) -> None:
