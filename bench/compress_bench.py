@@ -17,6 +17,7 @@ is also timed on plain ``randn`` ("normal"); ``--dists vgg16fc1`` adds VGG16's t
 
     python bench/compress_bench.py [--sizes resnet101,vgg16,lstm | --numel 1000000] [--cfs 10,100,1000]
                                    [--repeats 3] [--quick] [--out results/compress_bench.csv]
+    --compressors takes options after a colon, joined by +: quant:bits=4+bucket=1024 (quantizers at other widths).
 """
 from __future__ import annotations
 
@@ -47,7 +48,24 @@ COLUMNS = ["kind", "dist", "size", "numel", "compressor", "label", "cf", "thread
 
 def _label(name: str) -> str:
     """Display name of a compressor for the CSV (plots read it from there)."""
-    return COMPRESSORS[name].label if name in COMPRESSORS else name
+    base = name.split(":")[0]
+    return COMPRESSORS[base].label if base in COMPRESSORS else name
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """``name`` or ``name:opt=val,...`` (e.g. ``quant:bits=4``) -> (name, integer-or-string options)."""
+    name, _, opts = spec.partition(":")
+    options = {}
+    for kv in filter(None, opts.split("+")):
+        k, _, v = kv.partition("=")
+        options[k] = int(v) if v.lstrip("-").isdigit() else v
+    return name, options
+
+
+def make(spec: str) -> Compressor:
+    """The compressor a --compressors entry names, with its options."""
+    name, options = parse_spec(spec)
+    return build_compressor(name, **options)
 
 
 class TorchTopK(Compressor):
@@ -142,8 +160,8 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
     for dist in args.dists:
         x = synthetic_gradient(n, dist, args.seed)
         names = ["topk"] if dist == "normal" else args.compressors
-        quants = {name: build_compressor(name) for name in names if is_quantizer(name)}
-        comps = {name: build_compressor(name) for name in names if not is_quantizer(name)}
+        quants = {name: make(name) for name in names if is_quantizer(name)}
+        comps = {name: make(name) for name in names if not is_quantizer(name)}
         s = Suite(args.repeats, args.budget)
         s.add("pass", lambda: x.abs().sum())
         for cf in args.cfs:
@@ -208,8 +226,9 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
 def is_quantizer(name: str) -> bool:
     """A compressor whose options fix its CF (a quantizer's code width, a 16-bit cast): timed
     once, encode and decode, without multi-level rows."""
-    e = COMPRESSORS[name] if name in COMPRESSORS else None
-    return e is not None and e.target.fixed_cf(e.config(name=name)) is not None
+    base, options = parse_spec(name)
+    e = COMPRESSORS[base] if base in COMPRESSORS else None
+    return e is not None and e.target.fixed_cf(e.config(name=base, **options)) is not None
 
 
 def fmt(v, spec: str) -> str:
@@ -261,7 +280,8 @@ def parse_args(argv):
     ap.add_argument("--sizes", default="resnet101,vgg16,lstm", help=f"comma list of {', '.join(SIZES)}")
     ap.add_argument("--numel", default=None, help="comma list of element counts (instead of --sizes)")
     ap.add_argument("--cfs", default="10,100,1000", help="compression factors")
-    ap.add_argument("--compressors", default=",".join(COMPRESSORS.names()), help="comma list of compressors")
+    ap.add_argument("--compressors", default=",".join(COMPRESSORS.names()),
+                    help="comma list of compressors, each optionally with options: quant:bits=4+bucket=1024")
     ap.add_argument("--dists", default="heavy,normal", help="heavy (randn*exp(randn), all compressors), normal (Top-k only) "
                     "and/or vgg16fc1 (VGG16's tie structure: fc1's 49-fold repeated values and zeros; all compressors), "
                     "zeros95 (heavy with 95%% exact zeros; all compressors)")
@@ -292,7 +312,7 @@ def parse_args(argv):
     except ValueError as e:
         ap.error(f"bad argument: {e}")
     for c in a.compressors:
-        if c not in COMPRESSORS:
+        if parse_spec(c)[0] not in COMPRESSORS:
             ap.error(f"unknown compressor {c!r}; valid: {', '.join(COMPRESSORS)}")
     if set(a.dists) - {"heavy", "normal", "vgg16fc1", "zeros95"} or len(a.multilevel) != 2 or a.repeats < 1 or min(a.cfs) < 1:
         ap.error("need --dists from heavy,normal,vgg16fc1,zeros95; --multilevel low,high; --repeats >= 1; CFs >= 1")

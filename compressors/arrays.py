@@ -187,11 +187,13 @@ class Scan(NamedTuple):
 
 
 def above(a, thr: float, *, strict: bool = False, check: bool = False, abs_sum: bool = False,
-          hi: float | None = None) -> Scan:
+          hi: float | None = None, expect: int = 0) -> Scan:
     """One pass over a: positions and values where |a| >= thr (> thr if strict).
 
     With ``check`` raises ValueError on NaN/Inf (from the per-block max, no extra pass). For
-    NumPy arrays the scan is cache-blocked: |a| and the mask of a block never leave the cache.
+    NumPy arrays the scan is cache-blocked: |a| and the mask of a block never leave the cache,
+    and the selected positions and values go straight into output arrays sized for ``expect``
+    selected elements (grown if needed), not into per-block pieces joined at the end.
     """
     if not isinstance(a, np.ndarray):
         av = a.abs()
@@ -208,8 +210,8 @@ def above(a, thr: float, *, strict: bool = False, check: bool = False, abs_sum: 
     th = None if hi is None else a.dtype.type(hi)
     ab = np.empty(min(n, CHUNK), dtype=a.dtype)
     mb = np.empty(min(n, CHUNK), dtype=np.bool_)
-    idxs, vals, bands, maxes, sums = [], [], [], [], []
-    count = 0
+    out = _Growing(min(n, max(expect, CHUNK // 16)), a.dtype)
+    bands, maxes, sums = [], [], []
     for off in range(0, n, CHUNK):
         c = a[off:off + CHUNK]
         m = c.shape[0]
@@ -221,14 +223,48 @@ def above(a, thr: float, *, strict: bool = False, check: bool = False, abs_sum: 
         cmp(ac, t, out=mk)
         nz = np.flatnonzero(mk)
         if nz.size:
-            vals.append(c[nz])
             if th is not None:
-                bands.append(np.flatnonzero(ac[nz] < th) + count)
-            idxs.append(nz + off)
-            count += nz.size
+                bands.append(np.flatnonzero(ac[nz] < th) + out.count)
+            out.add(nz, off, c)
     amax = float(np.max(maxes))  # np.max propagates NaN, Python's max does not
     if check and not math.isfinite(amax):
         raise ValueError(NONFINITE)
     total = float(sum(sums)) if abs_sum else math.nan
     band = None if th is None else _NumPyOps.cat(bands, np.empty(0, np.int64))
-    return Scan(_NumPyOps.cat(idxs, np.empty(0, np.int64)), _NumPyOps.cat(vals, a), amax, total, band)
+    return Scan(*out.arrays(), amax, total, band)
+
+
+def torch_empty(n: int, dtype) -> np.ndarray:
+    """np.empty(n, dtype) in memory from torch's allocator. NumPy asks the kernel for huge pages for
+    large arrays; on a loaded host first touching them stalled for tens of ms (page compaction) in
+    one call out of three, torch's plain pages cost about the same on average without the stalls."""
+    return torch.empty(n, dtype=torch.from_numpy(np.empty(0, dtype=dtype)).dtype).numpy()
+
+
+class _Growing:
+    """Positions (int64) and values of a scan, appended block by block into preallocated arrays
+    (doubled when full): one write of the result instead of pieces and a concatenation."""
+
+    def __init__(self, capacity: int, dtype) -> None:
+        self.idx = torch_empty(max(capacity, 1), np.int64)
+        self.vals = torch_empty(max(capacity, 1), dtype)
+        self.count = 0
+
+    def add(self, nz: np.ndarray, off: int, c: np.ndarray) -> None:
+        """Append positions nz + off and values c[nz]."""
+        lo, hi = self.count, self.count + nz.shape[0]
+        if hi > self.idx.shape[0]:
+            cap = max(hi, 2 * self.idx.shape[0])
+            self.idx = np.concatenate([self.idx[:lo], np.empty(cap - lo, dtype=np.int64)])
+            self.vals = np.concatenate([self.vals[:lo], np.empty(cap - lo, dtype=self.vals.dtype)])
+        np.add(nz, off, out=self.idx[lo:hi])
+        np.take(c, nz, out=self.vals[lo:hi])
+        self.count = hi
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The positions and values so far: views, or copies when most of the capacity is unused
+        (a payload keeps its arrays' memory alive)."""
+        idx, vals = self.idx[:self.count], self.vals[:self.count]
+        if self.idx.shape[0] > self.count + self.count // 4 + 4096:
+            return idx.copy(), vals.copy()
+        return idx, vals

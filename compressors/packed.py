@@ -81,6 +81,14 @@ def unpack(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
     return np.take(code_table(bits, np.uint8, 0), packed, axis=0).reshape(-1)[:n]
 
 
+def nibbles(packed: np.ndarray) -> np.ndarray:
+    """The 2n 4-bit codes of n bytes, as uint8: each byte widened to a little-endian uint16 with
+    its high nibble moved to the second byte (NumPy's take on a 2-float table is ~10x slower)."""
+    w = packed.astype(np.uint16)
+    w = (w & 0x000F) | ((w & 0x00F0) << 4)
+    return w.view(np.uint8) if np.little_endian else w.byteswap().view(np.uint8)
+
+
 def code_table(bits: int, dtype, offset: float) -> np.ndarray:
     """(256, 8/bits) table: the codes a byte holds, minus ``offset``, as ``dtype``."""
     per = 8 // bits
@@ -136,23 +144,24 @@ class Spread:
         step = max(BLOCK // unit, 1) * unit
         return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
-    def apply(self, ufunc, y: np.ndarray, lo: int, hi: int) -> None:
-        """y = ufunc(y, value) in place, y being the block [lo, hi)."""
+    def apply(self, ufunc, y: np.ndarray, lo: int, hi: int, src: np.ndarray | None = None) -> None:
+        """y = ufunc(src, value) for the block [lo, hi) (src: y itself, in place, by default)."""
+        x = y if src is None else src
         if self.kind == "one":
-            ufunc(y, self.vals[0], out=y)
+            ufunc(x, self.vals[0], out=y)
         elif self.kind == "repeat":                   # the groups meeting [lo, hi), repeated
             g0 = int(np.searchsorted(self.bounds, lo, side="right")) - 1
             g1 = int(np.searchsorted(self.bounds, hi, side="left"))
             b = np.clip(self.bounds[g0:g1 + 1], lo, hi)
-            ufunc(y, np.repeat(self.vals[g0:g1], np.diff(b)), out=y)
+            ufunc(x, np.repeat(self.vals[g0:g1], np.diff(b)), out=y)
         else:
             g0, L = lo // self.L, self.L
             full = (hi - lo) // L
             if full:
                 v = y[:full * L].reshape(full, L)
-                ufunc(v, self.vals[g0:g0 + full, None], out=v)
+                ufunc(x[:full * L].reshape(full, L), self.vals[g0:g0 + full, None], out=v)
             if hi - lo > full * L:                  # the short last group
-                ufunc(y[full * L:], self.vals[g0 + full], out=y[full * L:])
+                ufunc(x[full * L:], self.vals[g0 + full], out=y[full * L:])
 
 
 def grouped(a: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -163,11 +172,35 @@ def grouped(a: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return a
 
 
-def group_reduce(ufunc, a: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """ufunc.reduce over each group of the flat array a (one pass)."""
+def group_reduce(ufunc, a: np.ndarray, lens: np.ndarray, pre=None):
+    """ufunc.reduceat over each group of the flat array a, of ``pre(a, dtype=float64)`` if given
+    (np.square, np.abs); ``ufunc`` may be a tuple of ufuncs (one result each, one read of a).
+    Groups of at most BLOCK elements go in blocks of whole groups on the module's threads, the
+    transform staying in cache; each group is still one reduceat segment, so the result is the
+    one of a single reduceat over the whole array."""
+    funcs = ufunc if isinstance(ufunc, tuple) else (ufunc,)
     starts = np.zeros(lens.shape[0], dtype=np.int64)
     np.cumsum(lens[:-1], out=starts[1:])
-    return ufunc.reduceat(a, starts)
+    if a.shape[0] < PARALLEL_MIN or int(lens.max()) > BLOCK:
+        v = a if pre is None else pre(a, dtype=np.float64)
+        outs = [f.reduceat(v, starts) for f in funcs]
+        return tuple(outs) if isinstance(ufunc, tuple) else outs[0]
+    outs = [np.empty(lens.shape[0], dtype=np.float64 if pre is not None else a.dtype) for _ in funcs]
+
+    def part(blocks):
+        for g0, g1 in blocks:
+            lo, hi = int(starts[g0]), int(starts[g1 - 1] + lens[g1 - 1])
+            v = a[lo:hi] if pre is None else pre(a[lo:hi], dtype=np.float64)
+            for f, out in zip(funcs, outs):
+                f.reduceat(v, starts[g0:g1] - lo, out=out[g0:g1])
+    in_parts(group_blocks(lens.shape[0], int(lens.max())), part, a.shape[0])
+    return tuple(outs) if isinstance(ufunc, tuple) else outs[0]
+
+
+def group_blocks(groups: int, length: int) -> list[tuple[int, int]]:
+    """Ranges [g0, g1) of whole groups of at most ``length`` elements, about BLOCK elements each."""
+    per = max(BLOCK // length, 1)
+    return [(g, min(g + per, groups)) for g in range(0, groups, per)]
 
 
 def dither_seed(seed: int, salt: int) -> int:
@@ -178,36 +211,42 @@ def dither_seed(seed: int, salt: int) -> int:
 
 
 def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, top: int, *,
-                 seed: int | None, salt: int = 0, shift: np.ndarray | None = None) -> np.ndarray:
-    """uint8 codes of y = (a + shift[g]) * mult[g] + add (y in [0, top] by construction):
-    floor(y + u) with u uniform 16-bit (stochastic, E[code] = y) when ``seed`` is given, else
-    round(y) (nearest). The shift comes first so that data far from 0 keeps its precision.
+                 seed: int | None, salt: int = 0, shift: np.ndarray | None = None, bits: int = 8) -> np.ndarray:
+    """Codes of y = (a + shift[g]) * mult[g] + add (y in [0, top] by construction), packed at
+    ``bits`` (see pack): floor(y + u) with u uniform 16-bit (stochastic, E[code] = y) when ``seed``
+    is given, else round(y) (nearest). The shift comes first so that data far from 0 keeps its
+    precision.
 
     Stochastic: t = y * 2^16 + r + 1/2 in float32 (below 2^24 for top <= 255, so the 16 random
     bits keep their weight), truncated to int32 and shifted right by 16. Codes a float rounding
     outside [0, top] are clipped. Runs in blocks of about BLOCK elements (cache-resident
-    temporaries); block b of the dither is the stream's next (block length) 16-bit integers."""
+    temporaries, each block packed before it leaves the cache); block b of the dither is the
+    stream's next (block length) 16-bit integers."""
     n, scale = a.shape[0], 65536.0 if seed is not None else 1.0
     m = Spread((mult * scale).astype(np.float32), lens, n)
     sh = Spread(shift.astype(np.float32), lens, n) if shift is not None else None
     s0 = dither_seed(seed, salt) if seed is not None else None
     plus = np.float32(add * scale + 0.5)
-    out = np.empty(n, dtype=np.uint8)
+    per = 8 // bits
+    out = np.empty(-(-n // per), dtype=np.uint8)
 
     def part(blocks):
         if not blocks:
             return
-        ybuf, tbuf = np.empty(BLOCK + m.L, dtype=np.float32), np.empty(BLOCK + m.L, dtype=np.int32)
+        size = BLOCK + m.L
+        ybuf, tbuf = np.empty(size, dtype=np.float32), np.empty(size, dtype=np.int32)
+        cbuf = np.empty(size, dtype=np.uint8) if per > 1 else None
         bg = None
         if s0 is not None:          # the stream from this part's first draw: blocks start at multiples of 8
             bg = np.random.PCG64(s0)
             bg.advance(blocks[0][0] // 4)
         for lo, hi in blocks:
             y, t = ybuf[:hi - lo], tbuf[:hi - lo]
-            np.copyto(y, a[lo:hi])
             if sh is not None:
-                sh.apply(np.add, y, lo, hi)
-            m.apply(np.multiply, y, lo, hi)
+                sh.apply(np.add, y, lo, hi, src=a[lo:hi])
+                m.apply(np.multiply, y, lo, hi)
+            else:
+                m.apply(np.multiply, y, lo, hi, src=a[lo:hi])
             if bg is not None:
                 y += bg.random_raw((hi - lo + 3) // 4).view(np.uint16)[:hi - lo]
             y += plus
@@ -215,7 +254,12 @@ def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, 
             if bg is not None:
                 t >>= 16
             np.clip(t, 0, top, out=t)
-            np.copyto(out[lo:hi], t, casting="unsafe")
+            if cbuf is None:
+                np.copyto(out[lo:hi], t, casting="unsafe")
+            else:                                  # blocks start on a byte: pack them one by one
+                c = cbuf[:hi - lo]
+                np.copyto(c, t, casting="unsafe")
+                out[lo // per:-(-hi // per)] = pack(c, bits)
     in_parts(m.blocks(n), part)
     return out
 
@@ -225,12 +269,13 @@ PARALLEL_MIN = 1 << 20
 _POOL = None
 
 
-def in_parts(blocks: list, fn) -> None:
+def in_parts(blocks: list, fn, n: int | None = None) -> None:
     """fn(contiguous run of blocks) for torch.get_num_threads() runs at once (NumPy releases the
     GIL in its loops); the result does not depend on the number of runs (each block's work and
-    random draws follow from its position alone)."""
+    random draws follow from its position alone). ``n``: elements the blocks cover (default:
+    the last block's end)."""
     k = min(torch.get_num_threads(), len(blocks), 8)
-    if k <= 1 or blocks[-1][1] < PARALLEL_MIN:
+    if k <= 1 or (blocks[-1][1] if n is None else n) < PARALLEL_MIN:
         fn(blocks)
         return
     pool = _pool(k)
@@ -383,7 +428,7 @@ class Quantizer(Compressor):
         a = x.detach().to("cpu", torch.float32).numpy()
         lens = group_lengths(sizes, self.bucket)
         codes, scales = self._encode(a, lens, seed, check)
-        return QuantPayload(pack(codes, self.bits), scales.astype(np.float32, copy=False), a.shape[0], self,
+        return QuantPayload(codes, scales.astype(np.float32, copy=False), a.shape[0], self,
                             lens, x.dtype, x.device)
 
     def decode(self, p: QuantPayload) -> Tensor:
@@ -393,30 +438,37 @@ class Quantizer(Compressor):
         st = Spread(step.astype(np.float32), p.lens, n)
         bs = Spread(base.astype(np.float32), p.lens, n) if base is not None else None
         out = np.empty(n, dtype=np.float32)
-        per = 8 // self.bits
+        per, blocks = 8 // self.bits, st.blocks(n)
         lut = code_table(self.bits, np.float32, self.offset)   # byte -> its codes minus the offset
+        if st.kind == "one" and per > 2:    # one group: the table holds the decoded values (same roundings)
+            lut *= st.vals[0]
+            if bs is not None:
+                lut += bs.vals[0]
+            st = bs = None
 
         def part(blocks):
             for lo, hi in blocks:
                 y = out[lo:hi]
                 nb, b0 = (hi - lo) // per, lo // per          # whole bytes; blocks start on a byte
-                if per == 1:                                  # 8 bits: a cast (faster than the table)
-                    np.copyto(y, p.codes[lo:hi], casting="unsafe")
+                if per <= 2:                                  # 8 and 4 bits: casts (faster than the table)
+                    codes = p.codes[lo:hi] if per == 1 else nibbles(p.codes[b0:b0 + nb])
+                    np.copyto(y[:nb * per], codes, casting="unsafe")
                     if self.offset:
                         y -= np.float32(self.offset)
                 else:
                     np.take(lut, p.codes[b0:b0 + nb], axis=0, out=y[:nb * per].reshape(nb, per))
                 if nb * per < hi - lo:
                     y[nb * per:] = lut[p.codes[b0 + nb]][:hi - lo - nb * per]
-                st.apply(np.multiply, y, lo, hi)
+                if st is not None:
+                    st.apply(np.multiply, y, lo, hi)
                 if bs is not None:
                     bs.apply(np.add, y, lo, hi)
-        in_parts(st.blocks(n), part)
+        in_parts(blocks, part)
         return torch.from_numpy(out).to(device=p.device, dtype=p.dtype)
 
     @abstractmethod
     def _encode(self, a: np.ndarray, lens: np.ndarray, seed: int, check: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(uint8 codes, float32 scales of shape (groups,) or (groups, m)) of float32 array a;
+        """(codes packed at ``bits`` (see pack), float32 scales of shape (groups,) or (groups, m)) of float32 array a;
         with ``check``, raise ValueError on NaN/Inf (``finite(scales)``: the scales see every element)."""
 
     @abstractmethod
@@ -454,9 +506,18 @@ def by_rows(fn, g: np.ndarray, exact_combine=None) -> np.ndarray:
 def group_min_max(a: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-group (min, max) of a (float32), threaded where the groups allow (see by_rows)."""
     g = grouped(a, lens)
-    if g.ndim == 2:
+    if g.ndim == 1:
+        return group_reduce((np.minimum, np.maximum), a, lens)
+    if g.shape[0] < min(torch.get_num_threads(), 8) or g.shape[1] > BLOCK:   # few long groups
         return (by_rows(lambda v: v.min(axis=1), g, np.minimum), by_rows(lambda v: v.max(axis=1), g, np.maximum))
-    return group_reduce(np.minimum, a, lens), group_reduce(np.maximum, a, lens)
+    lo, hi = np.empty(g.shape[0], dtype=a.dtype), np.empty(g.shape[0], dtype=a.dtype)
+
+    def part(blocks):                       # rows as by_rows reduces them, min and max in one read
+        for r0, r1 in blocks:
+            np.minimum.reduce(g[r0:r1], axis=1, out=lo[r0:r1])
+            np.maximum.reduce(g[r0:r1], axis=1, out=hi[r0:r1])
+    in_parts(group_blocks(g.shape[0], g.shape[1]), part, a.shape[0])
+    return lo, hi
 
 
 def group_scale(a: np.ndarray, lens: np.ndarray, kind: str) -> np.ndarray:
@@ -468,14 +529,14 @@ def group_scale(a: np.ndarray, lens: np.ndarray, kind: str) -> np.ndarray:
         elif g.ndim == 2:
             out = np.sqrt(np.einsum("ij,ij->i", g, g, dtype=np.float64))
         else:
-            out = np.sqrt(group_reduce(np.add, np.square(a, dtype=np.float64), lens))
+            out = np.sqrt(group_reduce(np.add, a, lens, pre=np.square))
         return out
     if kind == "max":
         lo, hi = group_min_max(a, lens)
         return np.maximum(hi.astype(np.float64), -lo.astype(np.float64))
     if kind == "mean":
         s = by_rows(lambda v: np.abs(v).sum(axis=1, dtype=np.float64), g) if g.ndim == 2 else \
-            group_reduce(np.add, np.abs(a).astype(np.float64), lens)
+            group_reduce(np.add, a, lens, pre=np.abs)
         return s / lens
     raise ValueError(kind)
 

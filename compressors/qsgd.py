@@ -55,7 +55,7 @@ class QSGD(Quantizer):
     def _encode(self, a, lens, seed, check):
         norm = finite(group_scale(a, lens, "l2").astype(np.float32), check)
         s = self.levels
-        codes = affine_codes(a, lens, safe_inverse(norm, s), s, 2 * s, seed=seed, salt=0x95D)
+        codes = affine_codes(a, lens, safe_inverse(norm, s), s, 2 * s, seed=seed, salt=0x95D, bits=self.bits)
         return codes, norm
 
     def _affine(self, scales):

@@ -59,7 +59,8 @@ class Quant(Quantizer):
         step = finite(((hi.astype(np.float64) - lo) / top).astype(np.float32), check)
         inv = np.zeros(step.shape, dtype=np.float64)
         np.divide(1.0, step, out=inv, where=step > 0)
-        codes = affine_codes(a, lens, inv, 0.0, top, seed=seed if self.stochastic else None, salt=0x0B7, shift=-lo)
+        codes = affine_codes(a, lens, inv, 0.0, top, seed=seed if self.stochastic else None, salt=0x0B7, shift=-lo,
+                             bits=self.bits)
         return codes, np.stack([lo, step], axis=1)
 
     def _affine(self, scales):

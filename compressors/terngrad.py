@@ -41,7 +41,7 @@ class TernGrad(Quantizer):
 
     def _encode(self, a, lens, seed, check):
         m = finite(group_scale(a, lens, "max").astype(np.float32), check)
-        return affine_codes(a, lens, safe_inverse(m, 1.0), 1.0, 2, seed=seed, salt=0x7E6), m
+        return affine_codes(a, lens, safe_inverse(m, 1.0), 1.0, 2, seed=seed, salt=0x7E6, bits=2), m
 
     def _affine(self, scales):
         return scales, None

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import math
 
-from .arrays import NONFINITE, above, finite_max, kth_largest, ops, sample_abs, top_positions
+import numpy as np
+import torch
+
+from .arrays import CHUNK, NONFINITE, above, finite_max, kth_largest, ops, sample_abs, top_positions
 from .base import COMPRESSORS, Compressor, generator
 
 
@@ -31,14 +34,30 @@ def keep_top(idx, vals, k: int, band=None):
     nb = band.shape[0]
     bav = xp.abs(vals[band])
     need = k - (c - nb)  # band entries to keep
-    if need <= nb - need:  # few to keep: pick them and add everything outside the band
+    if need <= nb - need:  # few to keep: everything outside the band, then the band's best
         keep = band[top_positions(bav, need)]
-        if nb < c:
-            out = xp.ones_bool(c, idx)
-            out[band] = False
-            keep = xp.cat([xp.flatnonzero(out), keep], keep)
-        return idx[keep], vals[keep]
+        if nb == c:
+            return idx[keep], vals[keep]
+        out = xp.ones_bool(c, idx)
+        out[band] = False
+        return outside_then(idx, out, keep), outside_then(vals, out, keep)
     return remove_positions(idx, vals, band[xp.bottom(bav, nb - need)])
+
+
+def outside_then(v, mask, keep):
+    """v[mask] followed by v[keep] (keep: positions where mask is False). NumPy: in place in v's
+    memory, block by block (writes never pass the reads), returning a view: no new array of the
+    candidates' size (fresh memory costs page faults on every call)."""
+    if not isinstance(v, np.ndarray):
+        return torch.cat([v[mask], v[keep]])
+    tail = v[keep]                                  # read before the compaction overwrites it
+    w = 0
+    for lo in range(0, v.shape[0], CHUNK):
+        part = v[lo:lo + CHUNK][mask[lo:lo + CHUNK]]   # a copy: safe to write over its source
+        v[w:w + part.shape[0]] = part
+        w += part.shape[0]
+    v[w:w + tail.shape[0]] = tail
+    return v[:w + tail.shape[0]]
 
 
 def remove_positions(idx, vals, drop):
@@ -79,7 +98,8 @@ def topk_select(a, k: int, *, seed: int = 0, sample_size: int = 1 << 16, z: floa
         if j_lo >= s:
             break
         lo, hi = kth_largest(sv, j_lo, j_hi)
-        scan = above(a, lo, check=check, hi=hi if j_hi >= 1 else None)
+        expect = int(n * (j_lo + 4 * math.sqrt(j_lo) + 16) / s)   # the candidates, with margin
+        scan = above(a, lo, check=check, hi=hi if j_hi >= 1 else None, expect=expect)
         check = False  # the first scan saw every element
         if scan.idx.shape[0] >= k:
             return keep_top(scan.idx, scan.vals, k, scan.band)
