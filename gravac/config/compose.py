@@ -151,7 +151,7 @@ def _check(run: RunConfig) -> None:
     comps = registries()["compressor"]
     if c.name in comps and _fixed_cf(comps[c.name], c) is not None:     # a quantizer or cast: no CF to choose
         if method_class(m.name).needs_compressor and not method_class(m.name).takes_fixed_cf:
-            takers = [f"method={n}" for n in registries()["method"].names() if method_class(n).takes_fixed_cf]
+            takers = [f"method={n}" for n in sorted(registries()["method"].names()) if method_class(n).takes_fixed_cf]
             raise ConfigError(f"method={m.name} chooses compression factors, and compressor={c.name} has none to "
                               f"choose (its options fix its CF: a quantizer's code width, a 16-bit cast's 2x): "
                               f"use {' or '.join(takers)} with it, or a sparsifier ({_sparsifiers(comps)})")
