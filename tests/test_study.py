@@ -25,7 +25,7 @@ ARMS = sorted(f[:-5] for f in os.listdir(CONF / "arm") if f.endswith(".yaml"))
 EXPECTED = {
     "dense": ("dense", None, None, None, None, None),
     **{f"{c}{cf}": ("static", c, cf, None, None, None) for c in ("topk", "dgc", "redsync", "randomk") for cf in (10, 1000)},
-    **{f"topk{cf}": ("static", "topk", cf, None, None, None) for cf in (8, 16, 32, 64, 100, 400)},
+    **{f"topk{cf}": ("static", "topk", cf, None, None, None) for cf in (8, 16, 32, 64, 100, 260, 320, 400)},
     **{a: ("static", c, None, None, None, None) for a, c in (("qsgd8", "qsgd"), ("terngrad", "terngrad"),
                                                              ("efsignsgd", "efsignsgd"), ("quant4", "quant"))},
     "fp16": ("static", "fp16", None, None, None, None),              # CF 2, fixed by the cast
