@@ -234,14 +234,13 @@ def _cores(row: dict) -> int:
 
 
 def _model(row: dict, profile):
-    """The network model of a row's setting: its rate, the presets' latency plus any delay; a
-    profile also gets the link's tbf bucket (bytes that pass at once) and the cores the workers
-    shared, which ideal ignores."""
+    """The network model of a row's setting: its rate, the presets' latency plus any delay, the
+    link's tbf bucket (bytes that pass at once) and the cores the workers shared (the last two
+    count only with a profile: the ideal model ignores them)."""
     from gravac.cluster.netmodel import NetworkModel
     return NetworkModel(alpha_s=(float(row["delay_ms"]) * 1e3 + BASE_LATENCY_US) * 1e-6,
                         beta_Bps=float(row["rate_mbit"]) * 1e6 / 8, profile=profile,
-                        burst_bytes=burst_bytes(float(row["rate_mbit"])) if profile is not None else 0.0,
-                        shared_cores=_cores(row) if profile is not None else 0)
+                        burst_bytes=burst_bytes(float(row["rate_mbit"])), shared_cores=_cores(row))
 
 
 def steps(n: int, rate: float, delay: float, args) -> list[dict]:

@@ -509,8 +509,7 @@ def validation_row(plan: Plan, records: list[dict], workers: int, gbps: float, a
            "host_optimizer_s": med("optimizer_s"), "measured_wire_bytes": med("wire_bytes"),
            "recorded_wire_bytes": plan.wire_bytes}
     for name, prof in models.items():
-        comm = comm_s(plan, workers, gbps, alpha_s, prof, burst_bytes if prof is not None else 0.0,
-                      shared_cores if prof is not None else 0)
+        comm = comm_s(plan, workers, gbps, alpha_s, prof, burst_bytes, shared_cores)   # ideal ignores both
         row[f"predicted_comm_{name}_s"] = comm
         row[f"predicted_step_{name}_s"] = host + comm
         row[f"ratio_step_{name}"] = row["measured_step_s"] / (host + comm)
