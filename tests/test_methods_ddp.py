@@ -45,6 +45,12 @@ for _c, _opts in [("qsgd", {"levels": 7, "bucket": 64}), ("terngrad", {}), ("efs
                   ("quant", {"bits": 4, "bucket": 100, "rounding": "stochastic"})]:
     SCENARIOS[f"static_{_c}"] = dict(steps=6, method=dict(name="static"),
                                      compressor=dict(name=_c, granularity="layer", **_opts))
+# L-GreCo over quantizers: per-layer code widths (rank 0 solves, broadcasts the widths), payloads of
+# pieces of different widths all-gathered at one size on every worker; QSGD and min-max stochastic
+SCENARIOS["lgreco_quant"] = dict(steps=9, method=dict(name="lgreco", period=3, window=2),
+                                 compressor=dict(name="quant", bits=4, bucket=64, rounding="stochastic"))
+SCENARIOS["lgreco_qsgd"] = dict(steps=9, method=dict(name="lgreco", period=3, window=2),
+                                compressor=dict(name="qsgd", levels=7, bucket=64))
 # 16-bit casts: values divided by the world size, then all-reduced in 16 bits (gloo sums them in
 # fp16/bf16 as the simulated cluster does); error feedback on for bf16 (its residual: the rounding)
 SCENARIOS["static_fp16"] = dict(steps=6, method=dict(name="static"), compressor=dict(name="fp16"))
@@ -239,3 +245,22 @@ def test_quantized_steps_send_their_packed_bytes(ddp_results):
             assert (r["wire_bytes"], r["floats_sent"], r["cf"]) == (2000, 500.0, 2.0)
     ef = records(ddp_results, 0, "static_efsignsgd")[0]
     assert ef["wire_bytes"] == 125 + 3 * 4 and ef["cf"] == pytest.approx(1000 / (137 / 4))
+
+
+def test_lgreco_quantizers_send_mixed_widths_at_their_packed_bytes(ddp_results):
+    """L-GreCo over min-max quant: the solves mix the widths, and every step sends the exact bytes
+    of its widths (each layer its codes from a fresh byte and 8 bytes per bucket of 64; one width:
+    the uniform payload), floats = wire bytes / 4; QSGD's records are those of its solves too."""
+    from gravac.methods.lgreco import LGreco
+    recs = records(ddp_results, 0, "lgreco_quant")
+    levels, mixed = None, 0
+    for r in recs:
+        levels = r["extra"].get("lgreco_levels", levels)
+        if len(set(levels)) > 1:
+            mixed += 1
+            want = sum(-(-m * b // 8) + 8 * -(-m // 64) for m, b in zip(SIZES, levels))
+        else:
+            want = -(-sum(SIZES) * levels[0] // 8) + 8 * sum(-(-m // 64) for m in SIZES)
+        assert r["wire_bytes"] == want and r["floats_sent"] == want / 4
+    assert mixed and LGreco.takes_fixed_cf
+    assert any("lgreco_solve" in r["extra"] for r in records(ddp_results, 0, "lgreco_qsgd"))

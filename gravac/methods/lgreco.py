@@ -1,6 +1,6 @@
 """L-GreCo (Alimohammadi, Markov, Frantar, Alistarh, MLSys 2024, arXiv 2210.17357): per-layer CFs
-chosen by a dynamic program that minimises the floats sent subject to a total compression error
-no larger than that of a uniform default.
+(a sparsifier's) or code widths (a quantizer's) chosen by a dynamic program that minimises the
+floats sent subject to a total compression error no larger than that of a uniform default.
 
 Every `period` steps (the public code's `adjust_freq`) rank 0 takes the mean of its own
 error-compensated gradients over the last `window` steps of the period (the code's `acc_iter`,
@@ -18,11 +18,37 @@ The solve (trial compressions and DP) is rank 0's compression time of that step,
 clock, since every worker waits for its broadcast. Each layer keeps its own error-feedback residual (a segment of one flat memory), kept across level
 changes, as the code keeps its per-bucket error across rank changes.
 
+Quantizers (compressor=quant or qsgd): the levels are code widths in bits, from `bits` (empty, the
+default: every width the quantizer offers, 8, 4 and 2; QSGD's width b at its most levels, s =
+2^(b-1) − 1: 127, 7, 1), and `candidates`/`default_cf` are unused. The budget is the error of the
+compressor's own width (compressor.bits; QSGD: the width of compressor.levels, which must then be
+127, 7 or 1), which must be among `bits`. A trial encodes the window's average at one width
+everywhere (rounding from the fixed per-step seed, as for randomised sparsifiers); s[l, b] is layer
+l's wire value-equivalents at width b, wire bits / 32 (docs/DEFINITIONS.md): its codes packed from
+a fresh byte plus 4 bytes per scale (Quantizer.segment_bytes), exactly what the layer sends as a
+piece of a mixed-width payload. A step encodes every layer at its own width with its own scales
+(bucketed per layer, as always; Quantizer.quantize_widths) and seed; the payload is all-gathered and
+decoded as any packed payload (its size follows from the layout and the broadcast widths, the same
+on every worker). Every layer at one width is that width's ordinary payload byte for byte (codes
+packed across layer boundaries, up to a byte per layer less than the table's sum), so
+`bits=[the default]` is exactly method=static with that quantizer. With nearest rounding (quant's
+default) a layer's codes at a width are the same in the trial and in the mixed payload, so the
+chosen levels' error on the averaged gradient is the table's. TernGrad and EF-SignSGD have a single
+width (ternary, sign), as have the 16-bit casts: nothing to choose, refused in one line.
+
 Differences from the paper's public code (LGrCo/L-GreCo, hooks/lgreco_hook.py), and why:
 - The code adapts PowerSGD ranks only (candidates: ranks 0.5r..2r, sizes (n+m)·rank); here the
-  candidates are CFs of this suite's sparsifiers (Top-k, DGC, RedSync, Random-k) and the sizes are
-  the values each layer actually sent in the trial compression (floats sent, the suite's measure).
-  PowerSGD ranks are not offered (the suite's PowerSGD method is not a CF compressor).
+  candidates are CFs of this suite's sparsifiers (Top-k, DGC, RedSync, Random-k), the sizes the
+  values each layer actually sent in the trial compression (floats sent, the suite's measure), or
+  a quantizer's code widths, the sizes each layer's wire value-equivalents. PowerSGD ranks are not
+  offered here (the suite's PowerSGD method is not a CF compressor).
+- The paper applies L-GreCo to quantization too, but the public code has no quantization hook:
+  its hooks (lgreco_hook.py in its ResNet18, ResNet50, Transformer-XL and fairseq Transformer-LM
+  trees, lgreco_accordion_hook.py in the first three) adapt PowerSGD ranks only; the quantization
+  code it carries is its upstreams' weight/inference quantization (NVIDIA's pytorch_quantization
+  in ResNet50, fairseq's quant-noise and PQ), not gradients. Its bit candidates and bucket sizes are therefore not in the code: the widths here
+  are the suite's quantizers' (8, 4, 2 bits), the buckets the compressor's (quant 1024, QSGD 512),
+  the codes fixed-width and packed (no entropy coding, so every worker's payload has one size).
 - Errors are measured by compressing the averaged gradient with the compressor itself (Top-k's
   error follows exactly; randomised compressors are drawn from a fixed per-step seed), not by SVD or
   power iterations (which only apply to low-rank compression).
