@@ -98,6 +98,8 @@ def grad(name: str, step: int, rank: int) -> torch.Tensor:
         if step // SPE == 2:
             x[500:800] *= 4
         return x
+    if name.startswith("lgreco"):                # layers of different scales: worth different widths
+        return torch.randn(n, generator=g) * torch.tensor([0.01] * 500 + [0.1] * 300 + [1.0 + rank] * 200)
     x = torch.randn(n, generator=g) * (0.01 if (step // 4 + rank) % 3 else 1.0)
     spikes = [10, 40, 120][(step // 3 + rank) % 3]
     x[torch.randperm(n, generator=g)[:spikes]] += 5.0 * (rank + 1)
@@ -248,19 +250,17 @@ def test_quantized_steps_send_their_packed_bytes(ddp_results):
 
 
 def test_lgreco_quantizers_send_mixed_widths_at_their_packed_bytes(ddp_results):
-    """L-GreCo over min-max quant: the solves mix the widths, and every step sends the exact bytes
-    of its widths (each layer its codes from a fresh byte and 8 bytes per bucket of 64; one width:
-    the uniform payload), floats = wire bytes / 4; QSGD's records are those of its solves too."""
-    from gravac.methods.lgreco import LGreco
-    recs = records(ddp_results, 0, "lgreco_quant")
-    levels, mixed = None, 0
-    for r in recs:
-        levels = r["extra"].get("lgreco_levels", levels)
-        if len(set(levels)) > 1:
-            mixed += 1
-            want = sum(-(-m * b // 8) + 8 * -(-m // 64) for m, b in zip(SIZES, levels))
-        else:
-            want = -(-sum(SIZES) * levels[0] // 8) + 8 * sum(-(-m // 64) for m in SIZES)
-        assert r["wire_bytes"] == want and r["floats_sent"] == want / 4
-    assert mixed and LGreco.takes_fixed_cf
-    assert any("lgreco_solve" in r["extra"] for r in records(ddp_results, 0, "lgreco_qsgd"))
+    """L-GreCo over min-max quant and QSGD: the solves mix the widths, and every step sends the
+    exact bytes of its widths (each layer its codes from a fresh byte and 8 (quant: min, step) or 4
+    (QSGD: norm) bytes per bucket of 64; one width: the uniform payload), floats = wire bytes / 4."""
+    for name, scale_bytes in (("lgreco_quant", 8), ("lgreco_qsgd", 4)):
+        levels, mixed = None, 0
+        for r in records(ddp_results, 0, name):
+            levels = r["extra"].get("lgreco_levels", levels)
+            if len(set(levels)) > 1:
+                mixed += 1
+                want = sum(-(-m * b // 8) + scale_bytes * -(-m // 64) for m, b in zip(SIZES, levels))
+            else:
+                want = -(-sum(SIZES) * levels[0] // 8) + scale_bytes * sum(-(-m // 64) for m in SIZES)
+            assert r["wire_bytes"] == want and r["floats_sent"] == want / 4, name
+        assert mixed, name
