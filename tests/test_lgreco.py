@@ -443,6 +443,9 @@ def test_quant_records_say_bits():
     assert LGreco.label(cfg.method, cfg.compressor) == "L-GreCo (quant 8/4/2-bit, budget 1x uniform 4-bit)"
     assert LGreco.cf_text(cfg.method, cfg.compressor) == "2–8 bits per layer"
     assert make().summarize(stats)["level_unit"] == "cf"
+    wide = make(compressor="quant", comp=dict(bits=8, bucket=64))     # the widest as the budget: nothing to trade
+    recs = [{"floats_sent": r.floats_sent, **r.extra} for r in (wide.step(grads(s), ctx(s)) for s in range(4))]
+    assert "(uniform 8-bit is the widest candidate" in wide.explain(RunStats(recs, 10))
 
 
 def test_quantizer_refusals_are_one_line():

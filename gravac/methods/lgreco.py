@@ -416,7 +416,11 @@ class LGreco(CompressingMethod):
         hist = ", ".join(f"{self.level_text(float(k))}: {v:.0%}" if v >= 0.005 else f"{self.level_text(float(k))}: <1%"
                          for k, v in self.parameter_shares(stats).items())
         kept = sum(1 for r in solves if r["lgreco_solve"]["fallback"])
-        return (f"L-GreCo solved {len(solves)} time(s) ({kept} kept the default levels); last solve predicts "
+        widest = ""
+        if self.widths is not None and kept == len(solves) and self.cands[self.default] == max(self.cands):
+            widest = (f" (uniform {self.level_text(self.cands[self.default])} is the widest candidate, so no layer can "
+                      "pay for a narrower one: give a narrower compressor width, e.g. compressor.bits=4, as the budget)")
+        return (f"L-GreCo solved {len(solves)} time(s) ({kept} kept the default levels{widest}); last solve predicts "
                 f"{last['floats_predicted']:.4g} floats per step against the default's {last['floats_default']:.4g} "
                 f"at error {last['error_predicted']:.4g} <= budget {last['error_budget']:.4g}; parameter-steps per {what}: {hist}; "
                 f"{stats.fewer_than_dense(self.numel):.1f}x fewer floats than dense")
