@@ -5,7 +5,9 @@ floor and ceil of s|x|/||v|| with the probabilities that make it unbiased (E = x
 is the signed level plus s, floor(s·x/||v|| + u) + s in [0, 2s] (the same distribution), packed at
 the smallest width of 2, 4 or 8 bits that holds 2s+1 values: s = 1 -> 2 bits, s <= 7 -> 4, s <= 127
 -> 8. The paper's Elias coding of the levels is not used: fixed-width codes give every worker the
-same payload size (an all-gather without padding) and decode at memory speed.
+same payload size (an all-gather without padding) and decode at memory speed. Per-layer code
+widths (L-GreCo, ``Quantizer.quantize_widths``) take each width at its most levels: 8 bits s = 127,
+4 bits s = 7, 2 bits s = 1 (``at_width``).
 """
 from __future__ import annotations
 
