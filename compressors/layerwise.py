@@ -4,7 +4,8 @@ The flat tensor is cut into consecutive segments of the given sizes (the model's
 numels), each compressed at the same CF by the inner compressor (each sends at least one
 element; an empty segment, a parameter of no elements, sends nothing), and the pieces are joined into ONE payload with global indices, grouped by segment.
 A quantizer (compressors/packed.py) gets the whole tensor and the sizes instead: its scale
-groups stay inside each segment, and its payload is one packed payload.
+groups stay inside each segment, and its payload is one packed payload (``quantize_widths``: each
+segment at its own code width, for L-GreCo).
 Segments run through the inner compressor's native-array selection, so a model with hundreds of
 parameter tensors costs one NaN/Inf check and one concatenation, not hundreds of payloads.
 """
@@ -76,6 +77,17 @@ class Layerwise(Compressor):
         a = native(x)
         segments = [(off, a[off:off + size], None) for off, size in zip(self.offsets, self.sizes)]
         return self._run(segments, cfs, seed, x, self.numel, shared=self.shared)
+
+    @torch.no_grad()
+    def quantize_widths(self, x: Tensor, bits, *, seed: int = 0):
+        """A quantizer's payload with segment i at code width ``bits[i]`` (Quantizer.quantize_widths)."""
+        if not getattr(self.inner, "widths", ()):
+            raise ValueError(f"{self.inner.name} has no code widths to choose (compressor=quant or qsgd have)")
+        return self.inner.quantize_widths(x, self.sizes, bits, seed=seed, check=self.check_finite)
+
+    def segment_bytes(self, bits) -> np.ndarray:
+        """Wire bytes of each segment alone at its code width (Quantizer.segment_bytes)."""
+        return self.inner.segment_bytes(self.sizes, bits)
 
     def _select(self, a, k, cf, seed, check):  # pragma: no cover - compress_checked is overridden
         raise NotImplementedError

@@ -26,6 +26,15 @@ floats cost about two memory passes at the ResNet101 size). The encode and decod
 cache-sized blocks on torch.get_num_threads() threads; each block's work and draws depend on its
 position only, so the bytes do not depend on the thread count.
 
+Per-layer code widths (``Quantizer.quantize_widths``, for L-GreCo's per-layer levels): a quantizer
+that offers several ``widths`` (min-max quant: 8/4/2 bits; QSGD: 8/4/2-bit codes at s = 127/7/1)
+encodes segment i of a flat tensor at its own width. When every segment has one width the payload
+is that width's ``quantize`` of the whole tensor (byte for byte a uniform quantizer's). Otherwise
+every non-empty segment is its own piece (``MixedPayload``): its own scale groups (as they always
+are), its codes packed from a fresh byte, its stochastic rounding from ``mix_seed(seed, i)``; the
+wire format is the pieces' wire formats one after another, so its size follows from the layout and
+the widths alone (``segment_bytes``), the same on every worker that uses the same widths.
+
 The arithmetic is NumPy on the CPU: a tensor on another device is copied to the CPU and the
 decoded tensor back (no device kernels yet).
 """
@@ -39,7 +48,7 @@ import torch
 from torch import Tensor
 
 from .arrays import NONFINITE
-from .base import Compressor, CompressorCfg, generator, validate
+from .base import Compressor, CompressorCfg, generator, mix_seed, validate
 from gravac.core.registry import option
 
 #: Unused value of compressor.cf for quantizers: the base config's default (cf is not set).
@@ -364,6 +373,75 @@ class QuantPayload:
                 f"groups={self.lens.shape[0]}, wire_bytes={self.wire_bytes()})")
 
 
+class MixedPayload:
+    """A payload whose layers (segments) are quantized at different code widths: one QuantPayload
+    per non-empty segment (``pieces``, starting at element ``offsets``), sent one after another.
+    Duck-types QuantPayload for the communication layer (``packed``, ``to_bytes``, ``from_bytes``,
+    ``wire_bytes``, ``floats``) and for error feedback and errors (``values``, ``dense()``)."""
+
+    packed = True
+    indices = None
+    shared = False
+
+    def __init__(self, pieces: list[QuantPayload], offsets: list[int], numel: int, dtype: torch.dtype, device) -> None:
+        self.pieces, self.offsets, self.numel = list(pieces), [int(o) for o in offsets], int(numel)
+        self.dtype, self.device = dtype, device
+        self._dense: Tensor | None = None
+
+    @property
+    def widths(self) -> list[int]:
+        """Each piece's code width."""
+        return [p.bits for p in self.pieces]
+
+    @property
+    def nnz(self) -> int:
+        return self.numel
+
+    @property
+    def floats(self) -> float:
+        """Float32 value-equivalents sent: wire bits / 32 (the suite's floats-sent convention)."""
+        return self.wire_bytes() / 4
+
+    def wire_bytes(self) -> int:
+        """Exact bytes sent: every piece's packed codes and scales."""
+        return sum(p.wire_bytes() for p in self.pieces)
+
+    def index_bytes(self) -> int:
+        return 0
+
+    def to_bytes(self) -> Tensor:
+        """The pieces' wire formats one after another, as one uint8 tensor of wire_bytes() bytes."""
+        buf = np.concatenate([p.to_bytes().cpu().numpy() for p in self.pieces])
+        return torch.from_numpy(buf).to(self.device)
+
+    def from_bytes(self, buf: Tensor) -> "MixedPayload":
+        """Another worker's payload of the same layout and widths, from its to_bytes()."""
+        if buf.shape[0] != self.wire_bytes():
+            raise ValueError(f"packed payload of {buf.shape[0]} bytes, expected {self.wire_bytes()}")
+        out, lo = [], 0
+        for p in self.pieces:
+            out.append(p.from_bytes(buf[lo:lo + p.wire_bytes()]))
+            lo += p.wire_bytes()
+        return MixedPayload(out, self.offsets, self.numel, self.dtype, self.device)
+
+    @property
+    def values(self) -> Tensor:
+        return self.dense()
+
+    def dense(self) -> Tensor:
+        """Decode every piece into its place (once; later calls return the same tensor)."""
+        if self._dense is None:
+            out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+            for o, p in zip(self.offsets, self.pieces):
+                out[o:o + p.numel] = p.dense()
+            self._dense = out
+        return self._dense
+
+    def __repr__(self) -> str:
+        return (f"MixedPayload({self.pieces[0].quantizer.name}, numel={self.numel}, widths={self.widths}, "
+                f"wire_bytes={self.wire_bytes()})")
+
+
 class Quantizer(Compressor):
     """A compressor sending b-bit codes plus per-group float32 scales (see the module docstring).
 
@@ -378,6 +456,8 @@ class Quantizer(Compressor):
     bucket: int = 0
     stochastic: bool = False
     segmented = True    # Layerwise hands the whole tensor and its layer sizes to quantize()
+    scale_count = 1     # float32 scales per group
+    widths: tuple = ()  # code widths at_width() can set (empty: one width, nothing to choose)
 
     def __init__(self, *, bucket: int = 0, check_finite: bool = True) -> None:
         super().__init__(check_finite=check_finite)
@@ -398,7 +478,59 @@ class Quantizer(Compressor):
 
     @classmethod
     def scales_per_group(cls, cfg) -> int:
-        return 1
+        return cls.scale_count
+
+    @classmethod
+    def default_width(cls, cfg) -> int | None:
+        """The code width of the configured quantizer as one of ``widths``, or None when the
+        config's width is not one at_width() gives (or the quantizer has none to choose)."""
+        return cls.code_bits(cfg) if cls.code_bits(cfg) in cls.widths else None
+
+    @classmethod
+    def width_text(cls, cfg) -> str:
+        """The config's code width as its options set it, for messages."""
+        return f"{cls.code_bits(cfg)}-bit codes"
+
+    def at_width(self, bits: int) -> "Quantizer":
+        """This quantizer with code width ``bits`` (one of ``widths``); itself at its own width."""
+        if bits == self.bits:
+            return self
+        raise ValueError(f"{type(self).__name__} has one code width ({self.bits} bits), not {bits}")
+
+    def segment_bytes(self, sizes, bits) -> np.ndarray:
+        """Wire bytes of each segment of ``sizes`` encoded alone at its width ``bits[i]`` (a piece of
+        a MixedPayload): its codes packed from a fresh byte plus its groups' float32 scales."""
+        out = np.zeros(len(sizes), dtype=np.int64)
+        for i, (n, b) in enumerate(zip(sizes, bits)):
+            n = int(n)
+            if n > 0:
+                out[i] = -(-n * int(b) // 8) + 4 * self.scale_count * group_lengths([n], self.bucket).shape[0]
+        return out
+
+    @torch.no_grad()
+    def quantize_widths(self, x: Tensor, sizes, bits, *, seed: int = 0, check: bool = True):
+        """Encode flat x made of segments of ``sizes``, segment i at code width ``bits[i]``: one
+        width for all gives that width's quantize() of the whole (a QuantPayload), else a
+        MixedPayload of one piece per non-empty segment (see the module docstring)."""
+        sizes, bits = [int(s) for s in sizes], [int(b) for b in bits]
+        if len(bits) != len(sizes):
+            raise ValueError(f"got {len(bits)} code widths for {len(sizes)} segments")
+        bad = sorted(set(bits) - set(self.widths or (self.bits,)))
+        if bad:
+            raise ValueError(f"{type(self).__name__} encodes at code widths {list(self.widths or (self.bits,))}, "
+                             f"not {bad}")
+        if len(set(bits)) == 1:
+            return self.at_width(bits[0]).quantize(x, sizes, seed=seed, check=check)
+        validate(x, 1.0)
+        if x.numel() != sum(sizes):
+            raise ValueError(f"segment sizes sum to {sum(sizes)}, tensor has {x.numel()} elements")
+        pieces, offsets, off = [], [], 0
+        for i, (n, b) in enumerate(zip(sizes, bits)):
+            if n > 0:
+                pieces.append(self.at_width(b).quantize(x[off:off + n], [n], seed=mix_seed(seed, i), check=check))
+                offsets.append(off)
+            off += n
+        return MixedPayload(pieces, offsets, x.numel(), x.dtype, x.device)
 
     @classmethod
     def fixed_cf(cls, cfg) -> float:

@@ -5,7 +5,9 @@ floor and ceil of s|x|/||v|| with the probabilities that make it unbiased (E = x
 is the signed level plus s, floor(s·x/||v|| + u) + s in [0, 2s] (the same distribution), packed at
 the smallest width of 2, 4 or 8 bits that holds 2s+1 values: s = 1 -> 2 bits, s <= 7 -> 4, s <= 127
 -> 8. The paper's Elias coding of the levels is not used: fixed-width codes give every worker the
-same payload size (an all-gather without padding) and decode at memory speed.
+same payload size (an all-gather without padding) and decode at memory speed. Per-layer code
+widths (L-GreCo, ``Quantizer.quantize_widths``) take each width at its most levels: 8 bits s = 127,
+4 bits s = 7, 2 bits s = 1 (``at_width``).
 """
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ from gravac.core.registry import option
 def qsgd_bits(levels: int) -> int:
     """Code width holding the 2s+1 signed levels of QSGD with s = levels."""
     return 2 if levels <= 1 else 4 if levels <= 7 else 8
+
+
+def qsgd_levels(bits: int) -> int:
+    """The most levels s a code of ``bits`` holds (2s+1 <= 2^bits): 8 -> 127, 4 -> 7, 2 -> 1."""
+    return (1 << (int(bits) - 1)) - 1
 
 
 @dataclass
@@ -40,6 +47,7 @@ class QSGD(Quantizer):
 
     name = "qsgd"
     stochastic = True
+    widths = (8, 4, 2)   # at s = 127, 7, 1 (at_width)
 
     def __init__(self, *, levels: int = 127, bucket: int = 512, check_finite: bool = True) -> None:
         super().__init__(bucket=bucket, check_finite=check_finite)
@@ -47,10 +55,28 @@ class QSGD(Quantizer):
             raise ValueError(f"QSGD needs levels in 1..127, got {levels}")
         self.levels = int(levels)
         self.bits, self.offset = qsgd_bits(self.levels), float(self.levels)
+        self._at: dict[int, QSGD] = {}
 
     @classmethod
     def code_bits(cls, cfg) -> int:
         return qsgd_bits(cfg.levels)
+
+    @classmethod
+    def default_width(cls, cfg) -> int | None:
+        """A width to choose among is a width at its most levels (127, 7, 1): None for other levels."""
+        return qsgd_bits(cfg.levels) if cfg.levels == qsgd_levels(qsgd_bits(cfg.levels)) else None
+
+    @classmethod
+    def width_text(cls, cfg) -> str:
+        return f"compressor.levels={cfg.levels} ({qsgd_bits(cfg.levels)}-bit codes)"
+
+    def at_width(self, bits: int) -> "QSGD":
+        """QSGD with the most levels a ``bits``-bit code holds (s = 2^(bits-1) - 1), same bucket."""
+        if bits == self.bits and self.levels == qsgd_levels(bits):
+            return self
+        if bits not in self._at:
+            self._at[bits] = QSGD(levels=qsgd_levels(bits), bucket=self.bucket, check_finite=self.check_finite)
+        return self._at[bits]
 
     def _encode(self, a, lens, seed, check):
         norm = finite(group_scale(a, lens, "l2").astype(np.float32), check)

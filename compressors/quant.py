@@ -34,6 +34,8 @@ class Quant(Quantizer):
     """Min-max quantization: ``bits``-bit codes, a float32 (min, step) per ``bucket`` elements."""
 
     name = "quant"
+    scale_count = 2     # (min, step)
+    widths = (8, 4, 2)
 
     def __init__(self, *, bits: int = 8, bucket: int = 1024, rounding: str = "nearest",
                  check_finite: bool = True) -> None:
@@ -43,14 +45,23 @@ class Quant(Quantizer):
                              f"got bits={bits}, rounding={rounding!r}")
         self.bits, self.rounding = int(bits), rounding
         self.stochastic = rounding == "stochastic"
+        self._at: dict[int, Quant] = {}
 
     @classmethod
     def code_bits(cls, cfg) -> int:
         return cfg.bits
 
     @classmethod
-    def scales_per_group(cls, cfg) -> int:
-        return 2
+    def width_text(cls, cfg) -> str:
+        return f"compressor.bits={cfg.bits}"
+
+    def at_width(self, bits: int) -> "Quant":
+        """The same quantizer (bucket, rounding) at ``bits`` (8, 4 or 2)."""
+        if bits == self.bits:
+            return self
+        if bits not in self._at:
+            self._at[bits] = Quant(bits=bits, bucket=self.bucket, rounding=self.rounding, check_finite=self.check_finite)
+        return self._at[bits]
 
     def _encode(self, a, lens, seed, check):
         lo, hi = group_min_max(a, lens)

@@ -255,6 +255,24 @@ def layer_levels(run: Run) -> np.ndarray:
     return np.array([c if c else [np.nan] * len(first) for c in cols], dtype=float).T
 
 
+#: Quantizers whose per-layer code widths L-GreCo chooses (their levels are bits, not CFs).
+WIDTH_QUANTIZERS = ("quant", "qsgd")
+
+
+def level_unit(run: Run) -> str:
+    """What a run's per-layer levels are: "bits" (a quantizer's code widths) or "cf", from
+    summary.json's `method_summary.level_unit`, else from the configured compressor."""
+    unit = ((run.summary or {}).get("method_summary") or {}).get("level_unit")
+    if unit:
+        return unit
+    return "bits" if run.cfg("compressor.name") in WIDTH_QUANTIZERS else "cf"
+
+
+def fmt_level(v: float, unit: str) -> str:
+    """A level as the figures say it: "100x" (fmt_cf) or "4-bit"."""
+    return f"{v:g}-bit" if unit == "bits" else fmt_cf(v)
+
+
 def _layer_sizes(g: Group) -> list | None:
     """Values per layer, from any replica's summary (the same model in every replica)."""
     for r in g.runs:
@@ -265,12 +283,14 @@ def _layer_sizes(g: Group) -> list | None:
 
 
 def levels_figure(ctx: Context, g: Group):
-    """The CF of every layer over the run (first replica) as a heat map, each row labelled with the
-    layer's size, so that a reader sees where the floats go; the caption gives each CF's share of
-    parameter-steps over the replicas that record layer sizes."""
+    """The CF (a quantizer's: code width in bits) of every layer over the run (first replica) as a
+    heat map, each row labelled with the layer's size, so that a reader sees where the floats go;
+    the caption gives each level's share of parameter-steps over the replicas that record layer
+    sizes."""
     runs = [r for r in g.runs if any("lgreco_levels" in s for s in r.steps)]
     if not runs:
         raise Skip(f"{g.label}: no 'lgreco_levels' in steps.jsonl")
+    unit = level_unit(runs[0])
     m = layer_levels(runs[0])
     cfs = sorted({float(v) for v in m[np.isfinite(m)]})
     edges = np.log10([cfs[0] / 1.5, *[math.sqrt(a * b) for a, b in zip(cfs, cfs[1:])], cfs[-1] * 1.5])
@@ -279,8 +299,8 @@ def levels_figure(ctx: Context, g: Group):
     im = ax.imshow(np.log10(m), aspect="auto", interpolation="nearest", cmap=cmap, origin="upper",
                    norm=matplotlib.colors.BoundaryNorm(edges, cmap.N), extent=(0.5, m.shape[1] + 0.5, m.shape[0] - 0.5, -0.5))
     bar = fig.colorbar(im, ax=ax, ticks=[math.log10(c) for c in cfs], pad=0.01)
-    bar.ax.set_yticklabels([fmt_cf(c) for c in cfs], fontsize=6)
-    bar.set_label("CF of the layer", fontsize=7)
+    bar.ax.set_yticklabels([fmt_level(c, unit) for c in cfs], fontsize=6)
+    bar.set_label("code width of the layer" if unit == "bits" else "CF of the layer", fontsize=7)
     sizes = _layer_sizes(g)
     if sizes and len(sizes) == m.shape[0]:
         step = max(1, len(sizes) // 24)
@@ -292,12 +312,13 @@ def levels_figure(ctx: Context, g: Group):
         ax.set_ylabel("layer", fontsize=7)
     _iteration_axis(ax)
     ax.grid(False)
-    _title(fig, label_n(g), _join(ctx.title, f"levels of {runs[0].name}", _shares_note(runs, sizes)))
+    _title(fig, label_n(g), _join(ctx.title, f"levels of {runs[0].name}", _shares_note(runs, sizes, unit)))
     return fig
 
 
-def _shares_note(runs: list[Run], sizes: list | None) -> str:
-    """'parameter-steps per CF: 10x 12%, ...' over the replicas, or '' without layer sizes."""
+def _shares_note(runs: list[Run], sizes: list | None, unit: str = "cf") -> str:
+    """'parameter-steps per CF: 10x 12%, ...' (per width: '4-bit 12%') over the replicas, or ''
+    without layer sizes."""
     if not sizes:
         return ""
     weight: dict[float, float] = {}
@@ -309,7 +330,9 @@ def _shares_note(runs: list[Run], sizes: list | None) -> str:
             for cf in row[np.isfinite(row)]:
                 weight[float(cf)] = weight.get(float(cf), 0.0) + n
     total = sum(weight.values()) or 1.0
-    return "parameter-steps per CF: " + ", ".join(f"{fmt_cf(c)} {_pct(w / total)}" for c, w in sorted(weight.items()))
+    what = "width" if unit == "bits" else "CF"
+    return f"parameter-steps per {what}: " + ", ".join(f"{fmt_level(c, unit)} {_pct(w / total)}"
+                                                       for c, w in sorted(weight.items()))
 
 
 def _pct(share: float) -> str:

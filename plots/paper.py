@@ -168,7 +168,8 @@ def _setting_figures(ctx: Context, g: Group, out: Outputs, suffix: str, args) ->
     elif g.method == "accordion":
         one("accordion_cf", "CF sent by Accordion and metric", figures.cf_figure)
     elif g.method in ("lgreco", "lgreco_accordion"):
-        one("lgreco_levels", "CF of each layer over the run", figures.levels_figure)
+        bits = any(figures.level_unit(r) == "bits" for r in g.runs)
+        one("lgreco_levels", f"{'code width' if bits else 'CF'} of each layer over the run", figures.levels_figure)
 
 
 def _figure(out: Outputs, stem: str, desc: str, args, fn, *a) -> None:

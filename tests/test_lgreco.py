@@ -24,10 +24,10 @@ W = 2
 CANDS = [5, 20, 100, 400]
 
 
-def make(sizes=SIZES, workers=W, group=None, compressor="topk", **method):
+def make(sizes=SIZES, workers=W, group=None, compressor="topk", comp=None, **method):
     m = dict(name="lgreco", candidates=CANDS, default_cf=20, period=3, window=2)
     m.update(method)
-    cfg = make_run(method=m, compressor=dict(name=compressor, granularity="layer"))
+    cfg = make_run(method=m, compressor=dict(name=compressor, granularity="layer", **(comp or {})))
     group = group or SimGroup(workers, NetworkModel.from_cfg(cfg.network))
     return build_method(cfg, group, sizes, torch.device("cpu"))
 
@@ -309,20 +309,185 @@ def test_accordion_cfs_must_be_candidates():
         make(**{**ACC, "candidates": [5, 20]})
 
 
+# --- quantizers: per-layer code widths -----------------------------------------------------------------
+
+QUANT = dict(compressor="quant", comp=dict(bits=4, bucket=64))
+QSGD = dict(compressor="qsgd", comp=dict(levels=7, bucket=64))
+
+
+def minmax_error(a: torch.Tensor, sizes, widths, bucket: int = 64) -> list[float]:
+    """||a_l − Q_b(a_l)|| per layer for nearest-rounding min-max quantization with a (min, step) per
+    bucket of each layer, in float64, independently of the compressors package."""
+    out, off = [], 0
+    for n, b in zip(sizes, widths):
+        seg, sq = a[off:off + n].double(), 0.0
+        for lo in range(0, n, bucket):
+            v = seg[lo:lo + bucket]
+            step = float(v.max() - v.min()) / (2 ** b - 1)
+            if step > 0:
+                dec = v.min() + torch.round((v - v.min()) / step) * step
+                sq += float((v - dec).square().sum())
+        out.append(math.sqrt(sq))
+        off += n
+    return out
+
+
+def static_quant(name: str, **opts):
+    cfg = make_run(method=dict(name="static"), compressor=dict(name=name, granularity="layer", **opts))
+    return build_method(cfg, SimGroup(W, NetworkModel.from_cfg(cfg.network)), SIZES, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("setting", [QUANT, QSGD], ids=["quant", "qsgd"])
+def test_only_the_default_width_is_static_quantization(setting):
+    """bits=[the compressor's own width]: the same averaged gradients, floats and wire bytes as
+    method=static with that quantizer, bit for bit, solves included (QSGD: per-worker draws)."""
+    static = static_quant(setting["compressor"], **setting["comp"])
+    lg = make(**setting, bits=[4])
+    for s in range(8):
+        a, b = static.step(grads(s), ctx(s)), lg.step(grads(s), ctx(s))
+        assert torch.equal(a.grad, b.grad) and (a.floats_sent, a.comm.wire_bytes) == (b.floats_sent, b.comm.wire_bytes), s
+    assert lg.layer_cfs == [4] * 4
+
+
+def test_two_layers_at_8_and_2_bits_by_hand():
+    """Layers of 10 and 3 values, buckets of 4, at 8 and 2 bits: layer 0 sends its 10 codes in 10
+    bytes plus (min, step) for 3 buckets, 34 bytes (8.5 value-equivalents); layer 1 its 3 codes in
+    one byte plus one bucket's pair, 9 bytes (2.25); the payload is 43 bytes, floats 10.75. The
+    codes by hand: [0..3] and [4..7] at 8 bits are 0, 85, 170, 255, [8, 9] is 0, 255; [10, 12, 16]
+    at 2 bits (min 10, step 2) is 0, 1, 3 packed little-end first into 0b110100."""
+    sizes = [10, 3]
+    x = torch.tensor([0., 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16])
+    m = make(sizes=sizes, compressor="quant", comp=dict(bits=8, bucket=4), bits=[8, 2])
+    assert m.compressor.segment_bytes([8, 2]).tolist() == [34, 9]
+    _, table = m.trial(x, 2, 0, 0)
+    assert table.tolist() == [(3 + 24) / 4, (1 + 8) / 4]                   # both layers at 2 bits
+    p = m.encode(x, [8, 2], seed=0)
+    wire = p.to_bytes().numpy()
+    assert p.wire_bytes() == wire.shape[0] == 43 and p.floats == 10.75
+    assert wire[:10].tolist() == [0, 85, 170, 255, 0, 85, 170, 255, 0, 255]
+    assert wire[10:34].view(np.float32).tolist() == np.float32([0, 3 / 255, 4, 3 / 255, 8, 1 / 255]).tolist()
+    assert wire[34] == 0b110100 and wire[35:43].view(np.float32).tolist() == [10, 2]
+    torch.testing.assert_close(p.dense(), x)
+    m.layer_cfs = [8, 2]                                    # through the method: what the step sends
+    res = m.step([x, x], ctx(0))
+    assert (res.comm.wire_bytes, res.floats_sent, res.cf) == (43, 10.75, 13 / 10.75)
+
+
+def test_quant_levels_keep_the_budget_and_send_fewer_bytes_than_uniform():
+    """At every solve the chosen widths' error on rank 0's averaged compensated gradient, recomputed
+    here, is the predicted one and within the uniform 4-bit's; the widths mix; the step sends the
+    predicted value-equivalents, fewer wire bytes than static 4-bit."""
+    m, static = make(**QUANT), static_quant("quant", bits=4, bucket=64)
+    window, solves = [], 0
+    for s in range(10):
+        gs = grads(s)
+        comp0 = gs[0] + m.memories[0][0].residual
+        res, ref = m.step(gs, ctx(s)), static.step(gs, ctx(s))
+        if "lgreco_solve" in res.extra:
+            solves += 1
+            rec, a, levels = res.extra["lgreco_solve"], torch.stack(window).mean(0), m.layer_cfs
+            assert sum(minmax_error(a, SIZES, levels)) == pytest.approx(rec["error_predicted"], rel=1e-5)
+            assert sum(minmax_error(a, SIZES, [4] * 4)) == pytest.approx(rec["error_budget"], rel=1e-5)
+            assert rec["error_predicted"] <= rec["error_budget"] and rec["fallback"] is None
+            assert len(set(levels)) > 1 and set(levels) <= {8, 4, 2}
+            assert rec["floats_predicted"] == res.floats_sent < rec["floats_default"]
+            assert res.comm.wire_bytes == 4 * res.floats_sent < ref.comm.wire_bytes
+            window = []
+        if s % 3 >= 1:
+            window.append(comp0)
+    assert solves == 3
+
+
+def test_quant_error_feedback_per_layer_and_resume():
+    """Mixed widths: residual = compensated − sent per worker, every layer; a resumed copy takes the
+    same decisions and gradients."""
+    a, b = make(**QUANT), make(**QUANT)
+    for s in range(4):
+        a.step(grads(s), ctx(s))
+    assert len(set(a.layer_cfs)) > 1
+    b.load_state_dict(a.state_dict())
+    seen = {}
+    finish = a.finish
+
+    def keep(c, *args, **kw):
+        seen["c"] = c
+        return finish(c, *args, **kw)
+    a.finish = keep
+    for s in range(4, 9):
+        x, y = a.step(grads(s), ctx(s)), b.step(grads(s), ctx(s))
+        assert torch.equal(x.grad, y.grad) and x.comm.wire_bytes == y.comm.wire_bytes
+        assert x.extra.get("lgreco_solve") == y.extra.get("lgreco_solve")   # (a resume re-announces the levels)
+        c = seen["c"]
+        for w in range(W):
+            assert torch.equal(a.memories[0][w].residual, c.comps[w] - c.payloads[w].dense())
+
+
+def test_quant_records_say_bits():
+    """Summaries and the explanation name widths in bits, not CFs."""
+    from gravac.methods.base import RunStats
+    m = make(**QUANT)
+    recs = []
+    for s in range(4):
+        r = m.step(grads(s), ctx(s))
+        recs.append({"floats_sent": r.floats_sent, **json.loads(json.dumps(r.extra))})
+    stats = RunStats(recs, 10)
+    summ = m.summarize(stats)
+    assert summ["level_unit"] == "bits" and set(summ) == {"level_unit", "layer_bits_histogram", "parameter_bits_share",
+                                                          "layer_sizes"}
+    assert sum(summ["layer_bits_histogram"].values()) == 16 and "4" in summ["layer_bits_histogram"]
+    text = m.explain(stats)
+    assert "per code width: " in text and "4-bit: " in text and "x:" not in text
+    assert "starting code width 4-bit" in make(**QUANT, period=50).explain(RunStats(recs[:1], 10))
+    cfg = make_run(method=dict(name="lgreco"), compressor=dict(name="quant", bits=4))
+    from gravac.methods.lgreco import LGreco
+    assert LGreco.label(cfg.method, cfg.compressor) == "L-GreCo (quant 8/4/2-bit, budget 1x uniform 4-bit)"
+    assert LGreco.cf_text(cfg.method, cfg.compressor) == "2–8 bits per layer"
+    assert make().summarize(stats)["level_unit"] == "cf"
+    wide = make(compressor="quant", comp=dict(bits=8, bucket=64))     # the widest as the budget: nothing to trade
+    recs = [{"floats_sent": r.floats_sent, **r.extra} for r in (wide.step(grads(s), ctx(s)) for s in range(4))]
+    assert "(uniform 8-bit is the widest candidate" in wide.explain(RunStats(recs, 10))
+
+
+def test_quantizer_refusals_are_one_line():
+    from gravac.core.check import ConfigError
+    for name in ("terngrad", "efsignsgd", "fp16"):
+        with pytest.raises(ConfigError, match=rf"^method=lgreco chooses a code width per layer, and compressor={name} "
+                                              r"has a single one .*: use method=static with it, or compressor=quant or qsgd"
+                                              r" \(8, 4 or 2 bits per layer\)$"):
+            make_run(method=dict(name="lgreco"), compressor=dict(name=name))
+    with pytest.raises(ConfigError, match=r"^method.bits=\[8, 4\] are a quantizer's code widths, and compressor=topk is a "
+                                          r"sparsifier: leave method.bits empty .*or use compressor=quant or qsgd$"):
+        make_run(method=dict(name="lgreco", bits=[8, 4]), compressor=dict(name="topk"))
+    with pytest.raises(ConfigError, match=r"^compressor.bits=4 is the uniform width whose total error is the budget: it "
+                                          r"must be one of method.bits=\[8, 2\]$"):
+        make_run(method=dict(name="lgreco", bits=[8, 2]), compressor=dict(name="quant", bits=4))
+    with pytest.raises(ConfigError, match=r"^method=lgreco chooses among qsgd's code widths .*compressor.levels=5 "
+                                          r"\(4-bit codes\) is not one: set compressor.levels=127, 7 or 1$"):
+        make_run(method=dict(name="lgreco"), compressor=dict(name="qsgd", levels=5))
+    with pytest.raises(ConfigError, match=r"^method.bits=\[8, 3\] is out of range"):
+        make_run(method=dict(name="lgreco", bits=[8, 3]), compressor=dict(name="quant"))
+    with pytest.raises(ConfigError, match=r"^method=lgreco_accordion chooses compression factors, and compressor=quant "
+                                          r"has none to choose .*: use method=lgreco, method=mergecomp or method=static with it"):
+        make_run(method=dict(name="lgreco_accordion"), compressor=dict(name="quant"))
+
+
 # --- two gloo processes take the same decisions as the simulated cluster -------------------------------
 
 def _work(rank: int) -> dict:
     group = DistGroup(NetworkModel.from_cfg(RunConfig().network), torch.device("cpu"))
-    plain, acc = make(group=group), make(group=group, **ACC)
+    plain, acc, quant = make(group=group), make(group=group, **ACC), make(group=group, **QUANT)
     return {"lgreco": [(r.extra, r.floats_sent, r.grad) for r in (plain.step(grads(s, [rank]), ctx(s))
                                                                  for s in range(8))],
             "lgreco_accordion": [(r.extra, r.floats_sent, r.grad) for r in (acc.step(acc_grads(s, [rank]), acc_ctx(s))
-                                                                           for s in range(20))]}
+                                                                           for s in range(20))],
+            "lgreco_quant": [(r.extra, r.floats_sent, r.grad) for r in (quant.step(grads(s, [rank]), ctx(s))
+                                                                       for s in range(8))]}
 
 
 def test_ddp_ranks_agree_with_each_other_and_with_sim(tmp_path):
     ranks = gloo_ranks(_work, tmp_path, W, 240)
-    for name, m, g, c, steps in [("lgreco", make(), grads, ctx, 8), ("lgreco_accordion", make(**ACC), acc_grads, acc_ctx, 20)]:
+    for name, m, g, c, steps in [("lgreco", make(), grads, ctx, 8), ("lgreco_accordion", make(**ACC), acc_grads, acc_ctx, 20),
+                                 ("lgreco_quant", make(**QUANT), grads, ctx, 8)]:
         for s in range(steps):
             ref = m.step(g(s), c(s))
             for rank in ranks:
@@ -331,3 +496,4 @@ def test_ddp_ranks_agree_with_each_other_and_with_sim(tmp_path):
                 torch.testing.assert_close(grad, ref.grad, rtol=1e-6, atol=1e-6)
         assert any("lgreco_solve" in r[0] for r in ranks[0][name])
     assert any("accordion_decision" in r[0] for r in ranks[0]["lgreco_accordion"])
+    assert any(len(set(r[0].get("lgreco_levels", [4]))) > 1 for r in ranks[0]["lgreco_quant"])

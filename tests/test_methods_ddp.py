@@ -45,6 +45,12 @@ for _c, _opts in [("qsgd", {"levels": 7, "bucket": 64}), ("terngrad", {}), ("efs
                   ("quant", {"bits": 4, "bucket": 100, "rounding": "stochastic"})]:
     SCENARIOS[f"static_{_c}"] = dict(steps=6, method=dict(name="static"),
                                      compressor=dict(name=_c, granularity="layer", **_opts))
+# L-GreCo over quantizers: per-layer code widths (rank 0 solves, broadcasts the widths), payloads of
+# pieces of different widths all-gathered at one size on every worker; QSGD and min-max stochastic
+SCENARIOS["lgreco_quant"] = dict(steps=9, method=dict(name="lgreco", period=3, window=2),
+                                 compressor=dict(name="quant", bits=4, bucket=64, rounding="stochastic"))
+SCENARIOS["lgreco_qsgd"] = dict(steps=9, method=dict(name="lgreco", period=3, window=2),
+                                compressor=dict(name="qsgd", levels=7, bucket=64))
 # 16-bit casts: values divided by the world size, then all-reduced in 16 bits (gloo sums them in
 # fp16/bf16 as the simulated cluster does); error feedback on for bf16 (its residual: the rounding)
 SCENARIOS["static_fp16"] = dict(steps=6, method=dict(name="static"), compressor=dict(name="fp16"))
@@ -92,6 +98,8 @@ def grad(name: str, step: int, rank: int) -> torch.Tensor:
         if step // SPE == 2:
             x[500:800] *= 4
         return x
+    if name.startswith("lgreco"):                # layers of different scales: worth different widths
+        return torch.randn(n, generator=g) * torch.tensor([0.01] * 500 + [0.1] * 300 + [1.0 + rank] * 200)
     x = torch.randn(n, generator=g) * (0.01 if (step // 4 + rank) % 3 else 1.0)
     spikes = [10, 40, 120][(step // 3 + rank) % 3]
     x[torch.randperm(n, generator=g)[:spikes]] += 5.0 * (rank + 1)
@@ -239,3 +247,20 @@ def test_quantized_steps_send_their_packed_bytes(ddp_results):
             assert (r["wire_bytes"], r["floats_sent"], r["cf"]) == (2000, 500.0, 2.0)
     ef = records(ddp_results, 0, "static_efsignsgd")[0]
     assert ef["wire_bytes"] == 125 + 3 * 4 and ef["cf"] == pytest.approx(1000 / (137 / 4))
+
+
+def test_lgreco_quantizers_send_mixed_widths_at_their_packed_bytes(ddp_results):
+    """L-GreCo over min-max quant and QSGD: the solves mix the widths, and every step sends the
+    exact bytes of its widths (each layer its codes from a fresh byte and 8 (quant: min, step) or 4
+    (QSGD: norm) bytes per bucket of 64; one width: the uniform payload), floats = wire bytes / 4."""
+    for name, scale_bytes in (("lgreco_quant", 8), ("lgreco_qsgd", 4)):
+        levels, mixed = None, 0
+        for r in records(ddp_results, 0, name):
+            levels = r["extra"].get("lgreco_levels", levels)
+            if len(set(levels)) > 1:
+                mixed += 1
+                want = sum(-(-m * b // 8) + scale_bytes * -(-m // 64) for m, b in zip(SIZES, levels))
+            else:
+                want = -(-sum(SIZES) * levels[0] // 8) + scale_bytes * sum(-(-m // 64) for m in SIZES)
+            assert r["wire_bytes"] == want and r["floats_sent"] == want / 4, name
+        assert mixed, name

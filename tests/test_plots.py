@@ -848,6 +848,34 @@ def test_levels_figure_draws_each_layer_and_weighs_shares_by_size(tmp_path):
     plt.close(fig)
 
 
+def test_levels_figure_of_a_quantizer_says_bits(tmp_path):
+    """L-GreCo over a quantizer records code widths: the colour bar and the caption's shares say
+    bits (hand-computed: sizes 90/10, 5 steps at 4/4 bits then 5 at 2/8 -> 2-bit 45%, 4-bit 50%,
+    8-bit 5%), whether the summary names the unit or only the compressor tells it."""
+    import matplotlib.pyplot as plt
+    from plots import figures
+    from plots.load import load_run
+    levels = lambda i: {"lgreco_levels": [4, 4]} if i == 0 else {"lgreco_levels": [2, 8]} if i == 5 else {}
+    ctx = _context(tmp_path, [("lgq", "accordion", "topk", 100.0, [10.0] * 10, [.1, .2, .3, .4, .5],
+                               {"extra": levels})])
+    summary = tmp_path / "runs" / "lgq" / "summary.json"
+    s = json.loads(summary.read_text())
+    for ms in ({"layer_sizes": [90, 10], "level_unit": "bits"}, {"layer_sizes": [90, 10]}):
+        summary.write_text(json.dumps({**s, "method_summary": ms}))
+        ctx.groups[0].runs[:] = [load_run(str(summary.parent))]
+        run = ctx.groups[0].runs[0]
+        if "level_unit" not in ms:                       # no unit recorded: the compressor tells it
+            assert figures.level_unit(run) == "cf"
+            run.config["compressor"]["name"] = "quant"
+        assert figures.level_unit(run) == "bits"
+        fig = figures.levels_figure(ctx, ctx.groups[0])
+        bar = fig.axes[1]
+        assert [t.get_text() for t in bar.get_yticklabels()] == ["2-bit", "4-bit", "8-bit"]
+        assert bar.get_ylabel() == "code width of the layer"
+        assert "per width: 2-bit 45%, 4-bit 50%, 8-bit 5%" in fig._suptitle.get_text().replace("\n", " ")
+        plt.close(fig)
+
+
 def test_levels_figure_skips_a_run_without_levels(tmp_path):
     from plots import figures
     from plots.draw import Skip

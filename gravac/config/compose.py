@@ -151,10 +151,13 @@ def _check(run: RunConfig) -> None:
     comps = registries()["compressor"]
     if c.name in comps and _fixed_cf(comps[c.name], c) is not None:     # a quantizer or cast: no CF to choose
         if method_class(m.name).needs_compressor and not method_class(m.name).takes_fixed_cf:
-            takers = [f"method={n}" for n in sorted(registries()["method"].names()) if method_class(n).takes_fixed_cf]
+            methods = registries()["method"]
+            takers = [f"method={n}" for n in sorted(methods.names()) if method_class(n).takes_fixed_cf
+                      and not method_class(n).config_errors(methods[n].config(name=n), c)]   # that take this one
+            listed = takers[0] if len(takers) == 1 else f"{', '.join(takers[:-1])} or {takers[-1]}"
             raise ConfigError(f"method={m.name} chooses compression factors, and compressor={c.name} has none to "
                               f"choose (its options fix its CF: a quantizer's code width, a 16-bit cast's 2x): "
-                              f"use {' or '.join(takers)} with it, or a sparsifier ({_sparsifiers(comps)})")
+                              f"use {listed} with it, or a sparsifier ({_sparsifiers(comps)})")
         if getattr(m, "probe_cfs", None):
             raise ConfigError(f"method.probe_cfs needs multi-level compression, which compressor={c.name} (its "
                               f"CF is fixed) cannot do: leave method.probe_cfs empty, or use a sparsifier "

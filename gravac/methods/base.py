@@ -331,9 +331,14 @@ class CompressingMethod(Method):
         comp = self.timed(self.op_key("compensate"), lambda: mem.compensate(g), keep=mem)
         seed = self.seed_for(step, level, self.group.local_ranks[w])
         try:
-            return comp, self.timed(self.op_key("compress", cf=cf), lambda: self.compressor.compress(comp, cf, seed=seed))
+            return comp, self.timed(self.op_key("compress", cf=cf), lambda: self.encode(comp, cf, seed))
         except ValueError as e:
             raise_diverged(e, step, self.name)
+
+    def encode(self, x: torch.Tensor, cf, seed: int) -> Payload:
+        """x compressed at `cf`; a method whose levels are not CFs (L-GreCo's code widths) says
+        here what its level means to the compressor."""
+        return self.compressor.compress(x, cf, seed=seed)
 
     def compress_all(self, grads: list[torch.Tensor], cf, step: int, level: int = 0) -> Compressed:
         """compress_one for every local worker; the slowest worker's times count."""

@@ -1,6 +1,6 @@
 """L-GreCo (Alimohammadi, Markov, Frantar, Alistarh, MLSys 2024, arXiv 2210.17357): per-layer CFs
-chosen by a dynamic program that minimises the floats sent subject to a total compression error
-no larger than that of a uniform default.
+(a sparsifier's) or code widths (a quantizer's) chosen by a dynamic program that minimises the
+floats sent subject to a total compression error no larger than that of a uniform default.
 
 Every `period` steps (the public code's `adjust_freq`) rank 0 takes the mean of its own
 error-compensated gradients over the last `window` steps of the period (the code's `acc_iter`,
@@ -18,11 +18,37 @@ The solve (trial compressions and DP) is rank 0's compression time of that step,
 clock, since every worker waits for its broadcast. Each layer keeps its own error-feedback residual (a segment of one flat memory), kept across level
 changes, as the code keeps its per-bucket error across rank changes.
 
+Quantizers (compressor=quant or qsgd): the levels are code widths in bits, from `bits` (empty, the
+default: every width the quantizer offers, 8, 4 and 2; QSGD's width b at its most levels, s =
+2^(b-1) − 1: 127, 7, 1), and `candidates`/`default_cf` are unused. The budget is the error of the
+compressor's own width (compressor.bits; QSGD: the width of compressor.levels, which must then be
+127, 7 or 1), which must be among `bits`. A trial encodes the window's average at one width
+everywhere (rounding from the fixed per-step seed, as for randomised sparsifiers); s[l, b] is layer
+l's wire value-equivalents at width b, wire bits / 32 (docs/DEFINITIONS.md): its codes packed from
+a fresh byte plus 4 bytes per scale (Quantizer.segment_bytes), exactly what the layer sends as a
+piece of a mixed-width payload. A step encodes every layer at its own width with its own scales
+(bucketed per layer, as always; Quantizer.quantize_widths) and seed; the payload is all-gathered and
+decoded as any packed payload (its size follows from the layout and the broadcast widths, the same
+on every worker). Every layer at one width is that width's ordinary payload byte for byte (codes
+packed across layer boundaries, up to a byte per layer less than the table's sum), so
+`bits=[the default]` is exactly method=static with that quantizer. With nearest rounding (quant's
+default) a layer's codes at a width are the same in the trial and in the mixed payload, so the
+chosen levels' error on the averaged gradient is the table's. TernGrad and EF-SignSGD have a single
+width (ternary, sign), as have the 16-bit casts: nothing to choose, refused in one line.
+
 Differences from the paper's public code (LGrCo/L-GreCo, hooks/lgreco_hook.py), and why:
 - The code adapts PowerSGD ranks only (candidates: ranks 0.5r..2r, sizes (n+m)·rank); here the
-  candidates are CFs of this suite's sparsifiers (Top-k, DGC, RedSync, Random-k) and the sizes are
-  the values each layer actually sent in the trial compression (floats sent, the suite's measure).
-  PowerSGD ranks are not offered (the suite's PowerSGD method is not a CF compressor).
+  candidates are CFs of this suite's sparsifiers (Top-k, DGC, RedSync, Random-k), the sizes the
+  values each layer actually sent in the trial compression (floats sent, the suite's measure), or
+  a quantizer's code widths, the sizes each layer's wire value-equivalents. PowerSGD ranks are not
+  offered here (the suite's PowerSGD method is not a CF compressor).
+- The paper applies L-GreCo to quantization too, but the public code has no quantization hook:
+  its hooks (lgreco_hook.py in its ResNet18, ResNet50, Transformer-XL and fairseq Transformer-LM
+  trees, lgreco_accordion_hook.py in the first three) adapt PowerSGD ranks only; the quantization
+  code it carries is its upstreams' weight/inference quantization (NVIDIA's pytorch_quantization
+  in ResNet50, fairseq's quant-noise and PQ), not gradients. Its bit candidates and bucket sizes are therefore not in the code: the widths here
+  are the suite's quantizers' (8, 4, 2 bits), the buckets the compressor's (quant 1024, QSGD 512),
+  the codes fixed-width and packed (no entropy coding, so every worker's payload has one size).
 - Errors are measured by compressing the averaged gradient with the compressor itself (Top-k's
   error follows exactly; randomised compressors are drawn from a fixed per-step seed), not by SVD or
   power iterations (which only apply to low-rank compression).
@@ -49,11 +75,20 @@ from compressors import COMPRESSORS
 from gravac.core.errors import UserError
 from gravac.core.registry import option
 from gravac.core.schema import MethodCfg
-from gravac.methods.base import METHODS, CompressingMethod, RunStats, StepContext, StepResult, raise_diverged
+from gravac.methods.base import (METHODS, CompressingMethod, RunStats, StepContext, StepResult, fixed_cf,
+                                 raise_diverged)
 
 
 def _cfs_ok(v) -> bool:
     return isinstance(v, (list, tuple)) and len(v) >= 1 and all(isinstance(x, (int, float)) and x >= 1 for x in v)
+
+
+#: Code widths a quantizer's layer may take (min-max quant's bits; QSGD's at s = 127, 7, 1).
+WIDTHS = (8, 4, 2)
+
+
+def _bits_ok(v) -> bool:
+    return isinstance(v, (list, tuple)) and all(isinstance(x, int) and x in WIDTHS for x in v) and len(set(v)) == len(v)
 
 
 @dataclass
@@ -72,6 +107,10 @@ class LGrecoCfg(MethodCfg):
                                  doc="budget = this x the default's total error (code: alpha)")
     error: str = option("norm", choices=("norm", "squared"),
                         doc="per-layer error ||g - C(g)|| (code) | ||g - C(g)||^2")
+    bits: list = option(factory=list, check=_bits_ok,
+                        valid="a list of distinct code widths from 8, 4, 2 (empty: every width the quantizer offers)",
+                        doc="with a quantizer (compressor=quant|qsgd): the code widths a layer may use; the budget is "
+                            "the error of the compressor's own width (compressor.bits; QSGD: its levels' width)")
 
     def errors(self, prefix: str) -> list[str]:
         out = []
@@ -170,24 +209,59 @@ class LGreco(CompressingMethod):
     """Per-layer CFs re-chosen every `period` steps by L-GreCo's dynamic program; see module doc."""
     name = "lgreco"
     order = 4
+    takes_fixed_cf = True        # a quantizer: the levels are its code widths (method.bits)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "takes_fixed_cf" not in vars(cls):
+            cls.takes_fixed_cf = False     # a subclass chooses CFs unless it says it takes quantizers too
 
     def __init__(self, cfg: LGrecoCfg, compressor, env):
         super().__init__(cfg, compressor, env)
         errors = self.config_errors(cfg, compressor)
         if errors:
             raise UserError(errors[0])
-        self.cands = [float(c) for c in cfg.candidates]
-        self.default = self.cands.index(self.start_cf(cfg))
+        self.widths = self.widths_of(cfg, compressor)       # None: CFs of a sparsifier
+        if self.widths is None:
+            self.cands, start = [float(c) for c in cfg.candidates], self.start_cf(cfg)
+        else:
+            self.cands, start = list(self.widths), COMPRESSORS[compressor.name].target.default_width(compressor)
+        self.default = self.cands.index(start)
         self.offsets = np.cumsum([0, *self.sizes]).tolist()
-        self.layer_cfs = [self.start_cf(cfg)] * len(self.sizes)
+        self.layer_cfs = [start] * len(self.sizes)          # per layer: its CF, or its code width in bits
         self.accum: torch.Tensor | None = None     # rank 0 only: Σ compensated gradients of the window
         self.count = 0
         self.announced = False                       # levels written to the records since the last change
 
     @staticmethod
     def start_cf(cfg) -> float:
-        """Every layer's CF until the first solve: the uniform default."""
+        """Every layer's CF until the first solve: the uniform default (of a sparsifier)."""
         return float(cfg.default_cf)
+
+    @classmethod
+    def widths_of(cls, cfg, comp) -> list[int] | None:
+        """The code widths a layer may take with a quantizer (method.bits, or every width it
+        offers), or None for a sparsifier (method.candidates are CFs)."""
+        if fixed_cf(comp) is None:
+            return None
+        return [int(b) for b in getattr(cfg, "bits", None) or []] or list(COMPRESSORS[comp.name].target.widths)
+
+    @property
+    def unit(self) -> str:
+        """What a level is: "bits" (a quantizer's code width) or "cf"."""
+        return "cf" if self.widths is None else "bits"
+
+    def level_text(self, level) -> str:
+        """A level as tables say it: "100x", or "4-bit"."""
+        return f"{level:g}x" if self.widths is None else f"{level:g}-bit"
+
+    def encode(self, x: torch.Tensor, level, seed: int):
+        """x compressed at per-layer `level`s: CFs (a sparsifier) or code widths (a quantizer, whose
+        layers are then each encoded at their own width: Quantizer.quantize_widths)."""
+        if self.widths is None:
+            return super().encode(x, level, seed)
+        widths = [int(b) for b in level] if isinstance(level, (list, tuple)) else [int(level)] * len(self.sizes)
+        return self.compressor.quantize_widths(x, widths, seed=seed)
 
     # --- one step -------------------------------------------------------------------------------
     def step(self, grads, ctx: StepContext) -> StepResult:
@@ -263,11 +337,15 @@ class LGreco(CompressingMethod):
         return errors, sizes
 
     def trial(self, a: torch.Tensor, cf: float, step: int, j: int) -> tuple[np.ndarray, np.ndarray]:
-        """One candidate: every layer of `a` compressed at `cf`; per-layer error and values sent."""
+        """One candidate: every layer of `a` compressed at `cf` (or code width); per-layer error and
+        values sent (a quantizer's: each layer's wire value-equivalents at that width, wire bits / 32,
+        as the layer's piece of a mixed-width payload: Quantizer.segment_bytes / 4)."""
         try:
-            p = self.compressor.compress(a, cf, seed=self.step_seed(step, level=1 + j))
+            p = self.encode(a, cf, seed=self.step_seed(step, level=1 + j))
         except ValueError as e:
             raise_diverged(e, step, self.name)
+        if self.widths is not None:
+            return self.layer_errors(a, p), self.compressor.segment_bytes([int(cf)] * len(self.sizes)) / 4.0
         return self.layer_errors(a, p), self.layer_counts(p)
 
     def layer_errors(self, a: torch.Tensor, p) -> np.ndarray:
@@ -302,7 +380,7 @@ class LGreco(CompressingMethod):
 
     # --- what it did ------------------------------------------------------------------------------
     def level_histogram(self, stats: RunStats) -> dict[str, int]:
-        """Layer-steps at each CF over the run, from the levels the records announce."""
+        """Layer-steps at each CF (code width) over the run, from the levels the records announce."""
         counts: Counter = Counter()
         levels: list | None = None
         for r in stats.records:
@@ -323,46 +401,89 @@ class LGreco(CompressingMethod):
         return {k: weight[k] / total for k in sorted(weight, key=float)}
 
     def summarize(self, stats: RunStats) -> dict | None:
-        return {"layer_cf_histogram": self.level_histogram(stats),
-                "parameter_cf_share": self.parameter_shares(stats), "layer_sizes": list(self.sizes)}
+        unit = self.unit
+        return {"level_unit": unit, f"layer_{unit}_histogram": self.level_histogram(stats),
+                f"parameter_{unit}_share": self.parameter_shares(stats), "layer_sizes": list(self.sizes)}
 
     def explain(self, stats: RunStats) -> str | None:
         solves = [r for r in stats.records if "lgreco_solve" in r]
+        what = "CF" if self.widths is None else "code width"
         if not solves:
             return (f"L-GreCo never solved in {stats.steps} steps (its first solve is at step method.period="
-                    f"{self.cfg.period}), so every layer kept its starting CF {self.start_cf(self.cfg):g}x; try a smaller "
-                    "method.period or a longer run")
+                    f"{self.cfg.period}), so every layer kept its starting {what} {self.level_text(self.cands[self.default])}; "
+                    "try a smaller method.period or a longer run")
         last = solves[-1]["lgreco_solve"]
-        hist = ", ".join(f"{k}x: {v:.0%}" if v >= 0.005 else f"{k}x: <1%" for k, v in self.parameter_shares(stats).items())
+        hist = ", ".join(f"{self.level_text(float(k))}: {v:.0%}" if v >= 0.005 else f"{self.level_text(float(k))}: <1%"
+                         for k, v in self.parameter_shares(stats).items())
         kept = sum(1 for r in solves if r["lgreco_solve"]["fallback"])
-        return (f"L-GreCo solved {len(solves)} time(s) ({kept} kept the default levels); last solve predicts "
+        widest = ""
+        if self.widths is not None and kept == len(solves) and self.cands[self.default] == max(self.cands):
+            widest = (f" (uniform {self.level_text(self.cands[self.default])} is the widest candidate, so no layer can "
+                      "pay for a narrower one: give a narrower compressor width, e.g. compressor.bits=4, as the budget)")
+        return (f"L-GreCo solved {len(solves)} time(s) ({kept} kept the default levels{widest}); last solve predicts "
                 f"{last['floats_predicted']:.4g} floats per step against the default's {last['floats_default']:.4g} "
-                f"at error {last['error_predicted']:.4g} <= budget {last['error_budget']:.4g}; parameter-steps per CF: {hist}; "
+                f"at error {last['error_predicted']:.4g} <= budget {last['error_budget']:.4g}; parameter-steps per {what}: {hist}; "
                 f"{stats.fewer_than_dense(self.numel):.1f}x fewer floats than dense")
 
     # --- what a configuration means ---------------------------------------------------------------
     @classmethod
     def config_errors(cls, cfg, comp) -> list[str]:
-        """Per-layer CFs need layer granularity, and a compressor whose own CF schedule is off."""
+        """Per-layer levels need layer granularity; a sparsifier's own CF schedule must be off and
+        method.bits empty; a quantizer must offer code widths, its own among method.bits."""
         if comp.granularity != "layer":
             return [f"method={cfg.name} chooses a CF per layer: set compressor.granularity=layer"]
-        start = cls.start_cf(cfg)
-        if COMPRESSORS[comp.name].target.scheduled_cf(comp, start, 0.0) != start:
-            return [f"method={cfg.name} chooses the CFs itself: switch off compressor={comp.name}'s own CF schedule "
-                    "(compressor.warmup_epochs=0)"]
+        target = COMPRESSORS[comp.name].target
+        bits = [int(b) for b in getattr(cfg, "bits", None) or []]
+        if fixed_cf(comp) is None:                       # a sparsifier: the levels are CFs
+            if bits:
+                return [f"method.bits={bits} are a quantizer's code widths, and compressor={comp.name} is a sparsifier: "
+                        "leave method.bits empty (method.candidates are its CFs), or use compressor=quant or qsgd"]
+            start = cls.start_cf(cfg)
+            if target.scheduled_cf(comp, start, 0.0) != start:
+                return [f"method={cfg.name} chooses the CFs itself: switch off compressor={comp.name}'s own CF schedule "
+                        "(compressor.warmup_epochs=0)"]
+            return []
+        widths = list(getattr(target, "widths", ()))
+        if not widths:                                   # TernGrad, EF-SignSGD, the 16-bit casts
+            return [f"method={cfg.name} chooses a code width per layer, and compressor={comp.name} has a single one "
+                    f"(its CF is fixed): use method=static with it, or compressor=quant or qsgd (8, 4 or 2 bits per layer)"]
+        default = target.default_width(comp)
+        if default is None:                              # QSGD with levels that are not a width's most
+            return [f"method={cfg.name} chooses among {comp.name}'s code widths at the most levels each holds (8-bit: "
+                    f"127, 4-bit: 7, 2-bit: 1), and {target.width_text(comp)} is not one: set compressor.levels=127, 7 or 1"]
+        bad = sorted(set(bits) - set(widths), reverse=True)
+        if bad:
+            return [f"method.bits={bits}: compressor={comp.name} encodes at {widths} bits, not {bad}"]
+        if bits and default not in bits:
+            return [f"{target.width_text(comp)} is the uniform width whose total error is the budget: it must be one "
+                    f"of method.bits={bits}"]
         return []
 
     @classmethod
     def label(cls, cfg: LGrecoCfg, comp) -> str:
+        widths = cls.widths_of(cfg, comp) if comp.name in COMPRESSORS else None
+        if widths is not None:
+            return (f"L-GreCo ({comp.name} {'/'.join(str(b) for b in widths)}-bit, budget {cfg.budget_scale:g}x uniform "
+                    f"{COMPRESSORS[comp.name].target.code_bits(comp)}-bit)")
         return f"L-GreCo ({comp.name}, budget {cfg.budget_scale:g}x uniform {cfg.default_cf:g}x)"
 
     @classmethod
     def cf_text(cls, cfg: LGrecoCfg, comp) -> str:
+        widths = cls.widths_of(cfg, comp) if comp.name in COMPRESSORS else None
+        if widths is not None:
+            return f"{min(widths)}–{max(widths)} bits per layer"
         return f"{min(cfg.candidates):g}x–{max(cfg.candidates):g}x per layer"
 
     @classmethod
     def sort_values(cls, cfg: LGrecoCfg, comp):
-        return [cfg.default_cf]
+        fixed = fixed_cf(comp) if comp.name in COMPRESSORS else None
+        return [fixed or cfg.default_cf]
+
+    @classmethod
+    def ignores(cls, cfg, comp):
+        if comp.name in COMPRESSORS and fixed_cf(comp) is not None:
+            return ["compressor.cf", "method.candidates", "method.default_cf"]
+        return ["compressor.cf", "method.bits"]
 
     @classmethod
     def state_bytes(cls, cfg, comp, numel, momentum):

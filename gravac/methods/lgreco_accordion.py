@@ -105,4 +105,4 @@ class LGrecoAccordion(LGreco):
 
     @classmethod
     def ignores(cls, cfg, comp):
-        return ["compressor.cf", "method.default_cf"]
+        return ["compressor.cf", "method.default_cf", "method.bits"]
