@@ -264,13 +264,30 @@ def _layer_sizes(g: Group) -> list | None:
     return None
 
 
+def level_unit(g: Group) -> str:
+    """What a layer-wise method's levels are, from any replica's summary (`method_summary.level_unit`,
+    e.g. "rank" for L-GreCo over PowerSGD); "CF" when no summary says."""
+    for r in g.runs:
+        unit = ((r.summary or {}).get("method_summary") or {}).get("level_unit")
+        if unit:
+            return str(unit)
+    return "CF"
+
+
+def fmt_level(v: float, unit: str) -> str:
+    """A level as its unit writes it: a CF as "100x", anything else as "rank 2"."""
+    return fmt_cf(v) if unit == "CF" else f"{unit} {v:g}"
+
+
 def levels_figure(ctx: Context, g: Group):
-    """The CF of every layer over the run (first replica) as a heat map, each row labelled with the
-    layer's size, so that a reader sees where the floats go; the caption gives each CF's share of
-    parameter-steps over the replicas that record layer sizes."""
+    """The level (CF, or PowerSGD rank) of every layer over the run (first replica) as a heat map,
+    each row labelled with the layer's size, so that a reader sees where the floats go; the caption
+    gives each level's share of parameter-steps over the replicas that record layer sizes. Layers
+    outside the method's choice (recorded as null) stay blank."""
     runs = [r for r in g.runs if any("lgreco_levels" in s for s in r.steps)]
     if not runs:
         raise Skip(f"{g.label}: no 'lgreco_levels' in steps.jsonl")
+    unit = level_unit(g)
     m = layer_levels(runs[0])
     cfs = sorted({float(v) for v in m[np.isfinite(m)]})
     edges = np.log10([cfs[0] / 1.5, *[math.sqrt(a * b) for a, b in zip(cfs, cfs[1:])], cfs[-1] * 1.5])
@@ -279,8 +296,8 @@ def levels_figure(ctx: Context, g: Group):
     im = ax.imshow(np.log10(m), aspect="auto", interpolation="nearest", cmap=cmap, origin="upper",
                    norm=matplotlib.colors.BoundaryNorm(edges, cmap.N), extent=(0.5, m.shape[1] + 0.5, m.shape[0] - 0.5, -0.5))
     bar = fig.colorbar(im, ax=ax, ticks=[math.log10(c) for c in cfs], pad=0.01)
-    bar.ax.set_yticklabels([fmt_cf(c) for c in cfs], fontsize=6)
-    bar.set_label("CF of the layer", fontsize=7)
+    bar.ax.set_yticklabels([fmt_level(c, unit) for c in cfs], fontsize=6)
+    bar.set_label(f"{unit} of the layer", fontsize=7)
     sizes = _layer_sizes(g)
     if sizes and len(sizes) == m.shape[0]:
         step = max(1, len(sizes) // 24)
@@ -292,12 +309,13 @@ def levels_figure(ctx: Context, g: Group):
         ax.set_ylabel("layer", fontsize=7)
     _iteration_axis(ax)
     ax.grid(False)
-    _title(fig, label_n(g), _join(ctx.title, f"levels of {runs[0].name}", _shares_note(runs, sizes)))
+    _title(fig, label_n(g), _join(ctx.title, f"levels of {runs[0].name}", _shares_note(runs, sizes, unit)))
     return fig
 
 
-def _shares_note(runs: list[Run], sizes: list | None) -> str:
-    """'parameter-steps per CF: 10x 12%, ...' over the replicas, or '' without layer sizes."""
+def _shares_note(runs: list[Run], sizes: list | None, unit: str = "CF") -> str:
+    """'parameter-steps per CF: 10x 12%, ...' (per rank: 'rank 1 30%, ...') over the replicas, or ''
+    without layer sizes; layers without a level (null) are left out."""
     if not sizes:
         return ""
     weight: dict[float, float] = {}
@@ -309,7 +327,8 @@ def _shares_note(runs: list[Run], sizes: list | None) -> str:
             for cf in row[np.isfinite(row)]:
                 weight[float(cf)] = weight.get(float(cf), 0.0) + n
     total = sum(weight.values()) or 1.0
-    return "parameter-steps per CF: " + ", ".join(f"{fmt_cf(c)} {_pct(w / total)}" for c, w in sorted(weight.items()))
+    return f"parameter-steps per {unit}: " + ", ".join(f"{fmt_level(c, unit)} {_pct(w / total)}"
+                                                      for c, w in sorted(weight.items()))
 
 
 def _pct(share: float) -> str:

@@ -167,8 +167,8 @@ def _setting_figures(ctx: Context, g: Group, out: Outputs, suffix: str, args) ->
         one("gravac_tcomp", "T_compression per candidate CF", figures.tcomp_figure)
     elif g.method == "accordion":
         one("accordion_cf", "CF sent by Accordion and metric", figures.cf_figure)
-    elif g.method in ("lgreco", "lgreco_accordion"):
-        one("lgreco_levels", "CF of each layer over the run", figures.levels_figure)
+    elif g.method in ("lgreco", "lgreco_accordion", "lgreco_powersgd"):
+        one("lgreco_levels", f"{figures.level_unit(g)} of each layer over the run", figures.levels_figure)
 
 
 def _figure(out: Outputs, stem: str, desc: str, args, fn, *a) -> None:
