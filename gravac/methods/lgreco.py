@@ -22,7 +22,7 @@ Differences from the paper's public code (LGrCo/L-GreCo, hooks/lgreco_hook.py), 
 - The code adapts PowerSGD ranks only (candidates: ranks 0.5r..2r, sizes (n+m)·rank); here the
   candidates are CFs of this suite's sparsifiers (Top-k, DGC, RedSync, Random-k) and the sizes are
   the values each layer actually sent in the trial compression (floats sent, the suite's measure).
-  PowerSGD ranks are not offered (the suite's PowerSGD method is not a CF compressor).
+  PowerSGD ranks, the code's setting, are method=lgreco_powersgd (gravac/methods/lgreco_powersgd.py).
 - Errors are measured by compressing the averaged gradient with the compressor itself (Top-k's
   error follows exactly; randomised compressors are drawn from a fixed per-step seed), not by SVD or
   power iterations (which only apply to low-rank compression).
