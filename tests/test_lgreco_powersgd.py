@@ -61,6 +61,9 @@ def test_single_candidate_is_powersgd_bit_for_bit():
         if s in (3, 6, 9):
             assert b.extra["lgreco_solve"]["floats_predicted"] == b.floats_sent
     assert lg.tensor_ranks == [2] * 4
+    for op in ("compensate", "p", "q", "approximate", "residual"):     # the same costs on the clock
+        assert lg._op_key([2] * 4)(op) == psgd._op_key([2] * 4)(op)
+    assert lg._op_key([1, 2, 2, 2])("p") != psgd._op_key([2] * 4)("p")
 
 
 # --- the error table ------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ Differences from the public code, and why:
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections import Counter
@@ -146,6 +147,15 @@ class LGrecoPowerSGD(PowerSGD):
         self._comps: dict[int, torch.Tensor] | None = None     # this step's compensated gradients, by worker
         digest = hashlib.sha256(f"{cfg!r}|{self.shapes}".encode()).hexdigest()[:12]
         self._solve_key = lambda op: f"lgreco_powersgd:{digest}:{op}"
+
+    def _op_key(self, ranks: list[int]):
+        """PowerSGD's operations named by PowerSGD's own options (method=powersgd's name, not
+        L-GreCo's fields), so that at the same ranks they are the same entries of the clock's cost
+        table as method=powersgd's (uniform `rank`: the study's costs of arm powersgd2)."""
+        own = PowerSGDCfg(**{f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(PowerSGDCfg)})
+        own.name = "powersgd"
+        digest = hashlib.sha256(f"{own!r}|{self.shapes}|{ranks}".encode()).hexdigest()[:12]
+        return lambda op: f"powersgd:{digest}:{op}"
 
     # --- levels ------------------------------------------------------------------------------------
     def ranks(self, ctx: StepContext) -> list[int]:
