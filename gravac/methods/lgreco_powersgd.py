@@ -38,8 +38,12 @@ Differences from the public code, and why:
 - The code re-draws every Q (all tensors) after each adjustment; here only the tensors whose rank
   changed get a fresh Q, the others keep their warm start (a solve that changes nothing changes
   nothing, so `candidates=[rank]` is exactly method=powersgd).
-- A rank above min(n, m) costs the dense size here (torch's rule sends it dense); the code prices it
-  at r·(n + m) + 1 so that the DP never picks it.
+- A candidate rank at which torch's rule would not compress a DP tensor ((n + m)·r·min_compression_rate
+  ≥ n·m) is priced and sent dense here (n·m values, error 0), as this suite's PowerSGD decides per
+  step and rank; the code fixes the set of compressed tensors at the default rank and compresses
+  them at any chosen rank, and prices a rank above min(n, m) at min(n, m)·(n + m) + 1 so that the
+  DP never picks it.
+- Ranks are at least 1: the code's range floor(0.5·r)..ceil(2·r) includes rank 0 for r = 1.
 - DP details as method=lgreco (module doc there): no ≥1-bucket clamp, the total may use every
   bucket; infeasible or no smaller → the uniform default (the code keeps the previous ranks when
   infeasible); the accumulated gradient is the plain mean (the code scales by delta/acc_iter,
