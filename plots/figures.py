@@ -164,4 +164,4 @@ def static_gain_figure(ctx: Context, window: int = 0):
 
 
 from plots.figures_more import (_bars_note, cf_figure, ci_bars, gravac_gain_figure, multilevel_figure,  # noqa: E402, F401
-                                level_unit, levels_figure, sent_cf_series, tcomp_figure)
+                                UNIT_NAMES, level_unit, levels_figure, sent_cf_series, tcomp_figure)

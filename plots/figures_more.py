@@ -257,20 +257,23 @@ def layer_levels(run: Run) -> np.ndarray:
 
 #: Quantizers whose per-layer code widths L-GreCo chooses (their levels are bits, not CFs).
 WIDTH_QUANTIZERS = ("quant", "qsgd")
+#: What a level is called, per unit: the colour bar's "... of the layer" and the caption's "per ...".
+UNIT_NAMES = {"cf": ("CF", "CF"), "bits": ("code width", "width"), "rank": ("rank", "rank")}
 
 
 def level_unit(run: Run) -> str:
-    """What a run's per-layer levels are: "bits" (a quantizer's code widths) or "cf", from
-    summary.json's `method_summary.level_unit`, else from the configured compressor."""
+    """What a run's per-layer levels are: "cf", "bits" (a quantizer's code widths) or "rank"
+    (PowerSGD's), from summary.json's `method_summary.level_unit`, else from the configured
+    compressor (runs written before summaries said it)."""
     unit = ((run.summary or {}).get("method_summary") or {}).get("level_unit")
     if unit:
-        return unit
+        return str(unit)
     return "bits" if run.cfg("compressor.name") in WIDTH_QUANTIZERS else "cf"
 
 
 def fmt_level(v: float, unit: str) -> str:
-    """A level as the figures say it: "100x" (fmt_cf) or "4-bit"."""
-    return f"{v:g}-bit" if unit == "bits" else fmt_cf(v)
+    """A level as the figures say it: "100x" (fmt_cf), "4-bit" or "rank 2"."""
+    return f"{v:g}-bit" if unit == "bits" else f"rank {v:g}" if unit == "rank" else fmt_cf(v)
 
 
 def _layer_sizes(g: Group) -> list | None:
@@ -283,10 +286,10 @@ def _layer_sizes(g: Group) -> list | None:
 
 
 def levels_figure(ctx: Context, g: Group):
-    """The CF (a quantizer's: code width in bits) of every layer over the run (first replica) as a
-    heat map, each row labelled with the layer's size, so that a reader sees where the floats go;
-    the caption gives each level's share of parameter-steps over the replicas that record layer
-    sizes."""
+    """The level (CF, code width in bits or PowerSGD rank) of every layer over the run (first
+    replica) as a heat map, each row labelled with the layer's size, so that a reader sees where the
+    floats go; the caption gives each level's share of parameter-steps over the replicas that record
+    layer sizes. Layers outside the method's choice (recorded as null) stay blank."""
     runs = [r for r in g.runs if any("lgreco_levels" in s for s in r.steps)]
     if not runs:
         raise Skip(f"{g.label}: no 'lgreco_levels' in steps.jsonl")
@@ -300,7 +303,7 @@ def levels_figure(ctx: Context, g: Group):
                    norm=matplotlib.colors.BoundaryNorm(edges, cmap.N), extent=(0.5, m.shape[1] + 0.5, m.shape[0] - 0.5, -0.5))
     bar = fig.colorbar(im, ax=ax, ticks=[math.log10(c) for c in cfs], pad=0.01)
     bar.ax.set_yticklabels([fmt_level(c, unit) for c in cfs], fontsize=6)
-    bar.set_label("code width of the layer" if unit == "bits" else "CF of the layer", fontsize=7)
+    bar.set_label(f"{UNIT_NAMES.get(unit, (unit, unit))[0]} of the layer", fontsize=7)
     sizes = _layer_sizes(g)
     if sizes and len(sizes) == m.shape[0]:
         step = max(1, len(sizes) // 24)
@@ -317,8 +320,8 @@ def levels_figure(ctx: Context, g: Group):
 
 
 def _shares_note(runs: list[Run], sizes: list | None, unit: str = "cf") -> str:
-    """'parameter-steps per CF: 10x 12%, ...' (per width: '4-bit 12%') over the replicas, or ''
-    without layer sizes."""
+    """'parameter-steps per CF: 10x 12%, ...' (per width: '4-bit 12%'; per rank: 'rank 1 30%') over
+    the replicas, or '' without layer sizes; layers without a level (null) are left out."""
     if not sizes:
         return ""
     weight: dict[float, float] = {}
@@ -330,7 +333,7 @@ def _shares_note(runs: list[Run], sizes: list | None, unit: str = "cf") -> str:
             for cf in row[np.isfinite(row)]:
                 weight[float(cf)] = weight.get(float(cf), 0.0) + n
     total = sum(weight.values()) or 1.0
-    what = "width" if unit == "bits" else "CF"
+    what = UNIT_NAMES.get(unit, (unit, unit))[1]
     return f"parameter-steps per {what}: " + ", ".join(f"{fmt_level(c, unit)} {_pct(w / total)}"
                                                        for c, w in sorted(weight.items()))
 

@@ -167,9 +167,9 @@ def _setting_figures(ctx: Context, g: Group, out: Outputs, suffix: str, args) ->
         one("gravac_tcomp", "T_compression per candidate CF", figures.tcomp_figure)
     elif g.method == "accordion":
         one("accordion_cf", "CF sent by Accordion and metric", figures.cf_figure)
-    elif g.method in ("lgreco", "lgreco_accordion"):
-        bits = any(figures.level_unit(r) == "bits" for r in g.runs)
-        one("lgreco_levels", f"{'code width' if bits else 'CF'} of each layer over the run", figures.levels_figure)
+    elif g.method in ("lgreco", "lgreco_accordion", "lgreco_powersgd"):
+        what = figures.UNIT_NAMES.get(figures.level_unit(g.first), ("level",))[0]
+        one("lgreco_levels", f"{what} of each layer over the run", figures.levels_figure)
 
 
 def _figure(out: Outputs, stem: str, desc: str, args, fn, *a) -> None:

@@ -118,6 +118,7 @@ SETTINGS = {
     "mergecomp": ["method.search=exhaustive", "method.warmup=0"],  # candidates timed and chosen at step 0
     "lgreco": ["method.period=2", "method.window=1"],          # solves at steps 2 and 4
     "lgreco_accordion": ["method.period=2", "method.window=1", "method.switch_freq=1"],   # and a check at 4
+    "lgreco_powersgd": ["method.period=2", "method.window=1"],  # solves at steps 2 and 4
 }
 
 

@@ -32,6 +32,9 @@ SCENARIOS = {
                      shapes=[(20, 25), (300,), (10, 20)]),
     "accordion_powersgd": dict(steps=15, method=dict(name="accordion_powersgd", switch_freq=1, eta=0.5),
                                compressor=dict(name="none"), shapes=[(20, 25), (300,), (10, 20)]),
+    # L-GreCo over PowerSGD ranks: solves at steps 3 and 6 on rank 0's window, ranks broadcast
+    "lgreco_powersgd": dict(steps=8, method=dict(name="lgreco_powersgd", candidates=[1, 2, 3, 4], rank=2, period=3,
+                                                 window=2), compressor=dict(name="none"), shapes=[(20, 25), (300,), (10, 20)]),
 }
 # static compression with every compressor: floats sent and CF must be the same numbers on sim and
 # ddp also when the count differs by worker (DGC, RedSync: thresholds) or indices do (Random-k)
@@ -200,6 +203,13 @@ def test_covap_overlap_plans_r_and_filters(ddp_results):
     steps = records(ddp_results, 0, "covap_overlap")
     assert [r["extra"]["drop_rate"] for r in steps] == [1, 3, 3, 3, 3]
     assert all(r["floats_sent"] < sum(SIZES) for r in steps[1:])
+
+
+def test_lgreco_powersgd_run_solves_and_changes_ranks(ddp_results):
+    recs = [r["extra"] for r in records(ddp_results, 0, "lgreco_powersgd")]
+    assert [s for s, r in enumerate(recs) if "lgreco_solve" in r] == [3, 6]
+    levels = [r["lgreco_levels"] for r in recs if "lgreco_levels" in r]
+    assert levels[0] == [2, None, 2] and len(levels) >= 2          # a solve moved the ranks
 
 
 def test_accordion_run_switches_regimes(ddp_results):

@@ -876,6 +876,31 @@ def test_levels_figure_of_a_quantizer_says_bits(tmp_path):
         plt.close(fig)
 
 
+def test_levels_figure_of_ranks_labels_ranks_and_leaves_dense_layers_blank(tmp_path):
+    """L-GreCo over PowerSGD: levels are ranks (summary's level_unit), a null level (a tensor always
+    sent dense) is blank and out of the shares (sizes 60/30/10, rank 2/null/2 then 1/null/2 ->
+    rank 1 60·5 / 70·10 = 43%, rank 2 57%)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from plots import figures
+    from plots.load import load_run
+    levels = lambda i: {"lgreco_levels": [2, None, 2]} if i == 0 else {"lgreco_levels": [1, None, 2]} if i == 5 else {}
+    ctx = _context(tmp_path, [("lg", "accordion", "topk", 100.0, [10.0] * 10, [.1, .2, .3, .4, .5],
+                               {"extra": levels})])
+    summary = tmp_path / "runs" / "lg" / "summary.json"
+    s = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**s, "method_summary": {"layer_sizes": [60, 30, 10], "level_unit": "rank"}}))
+    ctx.groups[0].runs[:] = [load_run(str(summary.parent))]
+    assert figures.level_unit(ctx.groups[0].runs[0]) == "rank"
+    fig = figures.levels_figure(ctx, ctx.groups[0])
+    img = np.ma.getdata(fig.axes[0].images[0].get_array())
+    assert np.isnan(img[1]).all() and np.allclose(img[0], np.log10([2] * 5 + [1] * 5))
+    assert [t.get_text() for t in fig.axes[1].get_yticklabels()] == ["rank 1", "rank 2"]
+    assert fig.axes[1].get_ylabel() == "rank of the layer"
+    assert "parameter-steps per rank: rank 1 43%, rank 2 57%" in fig._suptitle.get_text().replace("\n", " ")
+    plt.close(fig)
+
+
 def test_levels_figure_skips_a_run_without_levels(tmp_path):
     from plots import figures
     from plots.draw import Skip

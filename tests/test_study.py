@@ -44,6 +44,7 @@ EXPECTED = {
     "gravac_randomk": ("gravac", "randomk", None, 0.7, "exponential", 1000),
     "accordion_powersgd": ("accordion_powersgd", "none", None, None, None, None),
     "powersgd2": ("powersgd", "none", None, None, None, None),
+    "lgreco_powersgd2": ("lgreco_powersgd", "none", None, None, None, None),
     "exdyna1000": ("exdyna", "none", 1000, None, None, None),      # cf: the global density
     "micro1000": ("micro", "none", 1000, None, None, None),
     "exdyna1000_calibrated": ("exdyna", "none", 1000, None, None, None),
@@ -57,6 +58,7 @@ EXPECTED = {
 EXTRA = {"gravac07_code": {"gain": "code"}, "gravac09_code": {"gain": "code"},
          "gravac07_accepted": {"grow_if": "accepted"}, "gravac_randomk": {"cf_min": 1.5, "step": 2.0},
          "accordion_powersgd": {"rank": 1, "rank_critical": 2}, "powersgd2": {"rank": 2},
+         "lgreco_powersgd2": {"rank": 2, "candidates": [1, 2, 3, 4], "period": 100, "window": 10},
          "exdyna1000_calibrated": {"threshold_start": "calibrated"},
          "lgreco100": {"default_cf": 100, "period": 100, "window": 10},
          "lgreco_quant4": {"bits": [8, 4, 2], "period": 100, "window": 10},

@@ -40,8 +40,8 @@ Differences from the paper's public code (LGrCo/L-GreCo, hooks/lgreco_hook.py), 
 - The code adapts PowerSGD ranks only (candidates: ranks 0.5r..2r, sizes (n+m)·rank); here the
   candidates are CFs of this suite's sparsifiers (Top-k, DGC, RedSync, Random-k), the sizes the
   values each layer actually sent in the trial compression (floats sent, the suite's measure), or
-  a quantizer's code widths, the sizes each layer's wire value-equivalents. PowerSGD ranks are not
-  offered here (the suite's PowerSGD method is not a CF compressor).
+  a quantizer's code widths, the sizes each layer's wire value-equivalents. PowerSGD ranks, the
+  code's setting, are method=lgreco_powersgd (gravac/methods/lgreco_powersgd.py).
 - The paper applies L-GreCo to quantization too, but the public code has no quantization hook:
   its hooks (lgreco_hook.py in its ResNet18, ResNet50, Transformer-XL and fairseq Transformer-LM
   trees, lgreco_accordion_hook.py in the first three) adapt PowerSGD ranks only; the quantization
