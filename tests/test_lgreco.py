@@ -278,6 +278,26 @@ def acc_ctx(step: int) -> StepContext:
     return StepContext(step=step, epoch=step / 4, lr=0.1, lr_decayed=False, compute_s=0.01, samples=W * 16)
 
 
+def test_accordion_checkpoint_keeps_both_accumulators():
+    """L-GreCo's window sum and Accordion's gradient sum are both in the state (they once shared the
+    key "accum", so a resume mid-window solved on Accordion's sum): a copy resumed at a step inside
+    both takes the same regimes, solves and gradients as the original."""
+    a, b = make(**ACC), make(**ACC)
+    for s in range(11):                    # step 10: inside L-GreCo's window (period 3, window 2) and an epoch
+        a.step(acc_grads(s), acc_ctx(s))
+    state = a.state_dict()
+    assert state["window_count"] == 1 and state["window_accum"] is not None and state["accum"] is not None
+    assert not torch.equal(state["window_accum"], state["accum"])
+    b.load_state_dict(state)
+    solves = 0
+    for s in range(11, 20):
+        x, y = a.step(acc_grads(s), acc_ctx(s)), b.step(acc_grads(s), acc_ctx(s))
+        assert torch.equal(x.grad, y.grad) and x.extra.get("lgreco_solve") == y.extra.get("lgreco_solve")
+        assert x.extra.get("accordion_decision") == y.extra.get("accordion_decision")
+        solves += "lgreco_solve" in x.extra
+    assert solves >= 3
+
+
 def test_accordion_levels_are_the_budget_lgreco_redistributes():
     """At every solve the budget is the error of Accordion's per-layer levels in force (recomputed
     here with torch.topk on rank 0's window), the choice stays within it and sends no more; a regime

@@ -189,7 +189,7 @@ def test_checkpoint_resumes_exactly():
     for s in range(5):
         a.step(grads(s), ctx(s))
     b.load_state_dict(a.state_dict())
-    assert b.tensor_ranks == a.tensor_ranks and b.count == a.count == 1
+    assert b.tensor_ranks == a.tensor_ranks and b.window.count == a.window.count == 1
     for s in range(5, 13):
         x, y = a.step(grads(s), ctx(s)), b.step(grads(s), ctx(s))
         extra_y = {k: v for k, v in y.extra.items() if k != "lgreco_levels" or s > 5}

@@ -201,6 +201,60 @@ def decide(errors: np.ndarray, sizes: np.ndarray, default: int | list[int], scal
                     default_floats, fallback)
 
 
+# --- the window and the solve, shared by the L-GreCo methods -------------------------------------
+
+class SolveWindow:
+    """Rank 0's sum of its compensated gradients over the last `window` steps of every `period`,
+    and the solve that turns their mean into levels for every worker (rank 0 solves, broadcasts).
+    `rel` is the step counted from where the schedule starts (0 for lgreco; PowerSGD's start_step)."""
+
+    def __init__(self, group, period: int, window: int, numel: int, device) -> None:
+        self.group, self.period, self.window, self.numel, self.device = group, period, window, numel, device
+        self.accum: torch.Tensor | None = None     # rank 0 only
+        self.count = 0
+
+    def due(self, rel: int) -> bool:
+        """A solve happens before this step's compression."""
+        return rel > 0 and rel % self.period == 0
+
+    def add(self, rel: int, comp: torch.Tensor) -> None:
+        """Rank 0 adds its compensated gradient when the step is among the period's last `window`."""
+        if not self.group.is_main or rel % self.period < self.period - self.window:
+            return
+        self.accum = comp.detach().clone() if self.accum is None else self.accum.add_(comp)
+        self.count += 1
+
+    def solve(self, solve_on, worker_span) -> tuple[dict, tuple[float, float]]:
+        """solve_on(mean) on rank 0 (timed by worker_span), broadcast; the window starts afresh.
+        Returns the broadcast record and the solve's (measured, clock) seconds, 0 off rank 0."""
+        out, spent = None, (0.0, 0.0)
+        if self.group.is_main:
+            a = self.accum / max(self.count, 1) if self.accum is not None else torch.zeros(self.numel, device=self.device)
+            out, measured, model = worker_span(lambda: solve_on(a))
+            spent = (measured, model)
+        self.accum, self.count = None, 0
+        return self.group.broadcast_object(out), spent
+
+    def state_dict(self) -> dict:
+        """Keys of their own: a method's state may hold another "accum" (Accordion's, in lgreco_accordion)."""
+        return {"window_count": self.count, "window_accum": None if self.accum is None else self.accum.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        old = "window_count" not in state               # checkpoints written before the keys had the prefix
+        self.count = state["count" if old else "window_count"]
+        accum = state["accum" if old else "window_accum"]
+        self.accum = None if accum is None else accum.to(self.device).clone()
+
+
+def charge_solve(res: StepResult, solved: tuple[dict, tuple[float, float]], measured_error) -> None:
+    """Rank 0's solve holds up the step: its seconds count as compression, on the run's clock;
+    the record gets what the solve predicted beside what the step then measured."""
+    record, (measured, model) = solved
+    res.compress_s += measured
+    res.compress_model_s = (res.compress_model_s or 0.0) + model
+    res.extra["lgreco_solve"] = {**record, "floats_measured": res.floats_sent, "error_measured": measured_error()}
+
+
 # --- the method --------------------------------------------------------------------------------------
 
 @METHODS.register("lgreco", LGrecoCfg, doc="L-GreCo: per-layer CFs by a DP under the uniform default's error "
@@ -229,8 +283,7 @@ class LGreco(CompressingMethod):
         self.default = self.cands.index(start)
         self.offsets = np.cumsum([0, *self.sizes]).tolist()
         self.layer_cfs = [start] * len(self.sizes)          # per layer: its CF, or its code width in bits
-        self.accum: torch.Tensor | None = None     # rank 0 only: Σ compensated gradients of the window
-        self.count = 0
+        self.window = SolveWindow(self.group, cfg.period, cfg.window, self.numel, self.device)
         self.announced = False                       # levels written to the records since the last change
 
     @staticmethod
@@ -266,22 +319,15 @@ class LGreco(CompressingMethod):
     # --- one step -------------------------------------------------------------------------------
     def step(self, grads, ctx: StepContext) -> StepResult:
         extra = self.before(grads, ctx)
-        decision = None
-        if ctx.step > 0 and ctx.step % self.cfg.period == 0:
-            decision = self.solve_now(ctx.step)
+        solved = self.solve_now(ctx.step) if self.window.due(ctx.step) else None
         if not self.announced:
             extra["lgreco_levels"] = list(self.layer_cfs)
             self.announced = True
         c = self.compress_all(grads, list(self.layer_cfs), ctx.step)
-        if ctx.step % self.cfg.period >= self.cfg.period - self.cfg.window:
-            self.add_to_window(c.comps[0])
+        self.window.add(ctx.step, c.comps[0])
         res = self.finish(c, extra=extra)
-        if decision is not None:
-            decision, (measured, model) = decision
-            res.compress_s += measured                    # rank 0's solve holds up the step: timed as
-            res.compress_model_s = (res.compress_model_s or 0.0) + model      # compression, on the run's clock
-            res.extra["lgreco_solve"] = {**decision, "floats_measured": res.floats_sent,
-                                         "error_measured": self.measured_error(c)}
+        if solved is not None:
+            charge_solve(res, solved, lambda: self.measured_error(c))
         self.after(res)
         return res
 
@@ -292,22 +338,10 @@ class LGreco(CompressingMethod):
     def after(self, res: StepResult) -> None:
         """A subclass's look at the averaged gradient (nothing here)."""
 
-    def add_to_window(self, comp: torch.Tensor) -> None:
-        """Rank 0 sums its compensated gradient over the last `window` steps of the period."""
-        if not self.group.is_main:
-            return
-        self.accum = comp.detach().clone() if self.accum is None else self.accum.add_(comp)
-        self.count += 1
-
     def solve_now(self, step: int) -> tuple[dict, tuple[float, float]]:
         """Rank 0 solves on its averaged window and broadcasts; every worker takes the levels.
         Returns the record and the solve's seconds (measured, on the run's clock; 0 off rank 0)."""
-        out, spent = None, (0.0, 0.0)
-        if self.group.is_main:
-            out, measured, model = self.worker_span(lambda: self.solve_on(self.accum / max(self.count, 1), step))
-            spent = (measured, model)
-        self.accum, self.count = None, 0
-        out = self.group.broadcast_object(out)
+        out, spent = self.window.solve(lambda a: self.solve_on(a, step), self.worker_span)
         levels = out.pop("levels")
         if levels != self.layer_cfs:
             self.layer_cfs, self.announced = levels, False
@@ -370,13 +404,12 @@ class LGreco(CompressingMethod):
 
     # --- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "levels": list(self.layer_cfs), "count": self.count,
-                "accum": None if self.accum is None else self.accum.clone()}
+        return {**super().state_dict(), "levels": list(self.layer_cfs), **self.window.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.layer_cfs, self.count, self.announced = list(state["levels"]), state["count"], False
-        self.accum = None if state["accum"] is None else state["accum"].to(self.device).clone()
+        self.layer_cfs, self.announced = list(state["levels"]), False
+        self.window.load_state_dict(state)
 
     # --- what it did ------------------------------------------------------------------------------
     def level_histogram(self, stats: RunStats) -> dict[str, int]:

@@ -66,7 +66,7 @@ from compressors.lowrank import compresses, effective_rank, matrix_shape, orthog
 from gravac.core.errors import UserError
 from gravac.core.registry import option
 from gravac.methods.base import METHODS, RunStats, StepContext, StepResult
-from gravac.methods.lgreco import decide
+from gravac.methods.lgreco import SolveWindow, charge_solve, decide
 from gravac.methods.powersgd import PowerSGD, PowerSGDCfg
 
 
@@ -145,8 +145,7 @@ class LGrecoPowerSGD(PowerSGD):
         self.layers = [i for i, s in enumerate(self.shapes) if compresses(s, cfg.rank, cfg.min_compression_rate)]
         self.fixed_floats = sum(n for i, n in enumerate(self.sizes) if i not in self.layers)   # always dense
         self.tensor_ranks = [int(cfg.rank)] * len(self.sizes)
-        self.accum: torch.Tensor | None = None     # rank 0 only: Σ compensated gradients of the window
-        self.count = 0
+        self.window = SolveWindow(self.group, cfg.period, cfg.window, self.numel, self.device)
         self.announced = False
         self._comps: dict[int, torch.Tensor] | None = None     # this step's compensated gradients, by worker
         digest = hashlib.sha256(f"{cfg!r}|{self.shapes}".encode()).hexdigest()[:12]
@@ -174,7 +173,7 @@ class LGrecoPowerSGD(PowerSGD):
         rel = ctx.step - self.cfg.start_step           # the code's iter_rel
         if rel < 0:
             return super().step(grads, ctx)            # PowerSGD's dense warm-up
-        decision = self.solve_now(ctx.step) if rel > 0 and rel % self.cfg.period == 0 else None
+        solved = self.solve_now(ctx.step) if self.window.due(rel) else None
         extra = {}
         if not self.announced:
             extra["lgreco_levels"] = self.levels()
@@ -185,14 +184,9 @@ class LGrecoPowerSGD(PowerSGD):
             comps = [self._comps[w] for w in range(len(grads))]
         finally:
             self._comps = None
-        if rel % self.cfg.period >= self.cfg.period - self.cfg.window:
-            self.add_to_window(comps[0])
-        if decision is not None:
-            record, (measured, model) = decision
-            res.compress_s += measured                    # rank 0's solve holds up the step: timed as
-            res.compress_model_s = (res.compress_model_s or 0.0) + model      # compression, on the run's clock
-            res.extra["lgreco_solve"] = {**record, "floats_measured": res.floats_sent,
-                                         "error_measured": self.measured_error(comps, res.grad)}
+        self.window.add(rel, comps[0])
+        if solved is not None:
+            charge_solve(res, solved, lambda: self.measured_error(comps, res.grad))
         return res
 
     def _compensate(self, w: int, g: torch.Tensor) -> torch.Tensor:
@@ -201,23 +195,10 @@ class LGrecoPowerSGD(PowerSGD):
             self._comps[w] = out       # by worker: a first cost calibration runs this twice
         return out
 
-    def add_to_window(self, comp: torch.Tensor) -> None:
-        """Rank 0 sums its compensated gradient over the last `window` steps of the period."""
-        if not self.group.is_main:
-            return
-        self.accum = comp.detach().clone() if self.accum is None else self.accum.add_(comp)
-        self.count += 1
-
     def solve_now(self, step: int) -> tuple[dict, tuple[float, float]]:
         """Rank 0 solves on its averaged window and broadcasts; every worker takes the ranks.
         Returns the record and the solve's seconds (measured, on the run's clock; 0 off rank 0)."""
-        out, spent = None, (0.0, 0.0)
-        if self.group.is_main:
-            a = self.accum / max(self.count, 1) if self.accum is not None else torch.zeros(self.numel, device=self.device)
-            out, measured, model = self.worker_span(lambda: self.solve_on(a, step))
-            spent = (measured, model)
-        self.accum, self.count = None, 0
-        out = self.group.broadcast_object(out)
+        out, spent = self.window.solve(lambda a: self.solve_on(a, step), self.worker_span)
         ranks = out.pop("ranks")
         if ranks != self.tensor_ranks:
             self.tensor_ranks, self.announced = ranks, False
@@ -276,13 +257,12 @@ class LGrecoPowerSGD(PowerSGD):
 
     # --- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "tensor_ranks": list(self.tensor_ranks), "count": self.count,
-                "accum": None if self.accum is None else self.accum.clone()}
+        return {**super().state_dict(), "tensor_ranks": list(self.tensor_ranks), **self.window.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.tensor_ranks, self.count, self.announced = [int(r) for r in state["tensor_ranks"]], state["count"], False
-        self.accum = None if state["accum"] is None else state["accum"].to(self.device).clone()
+        self.tensor_ranks, self.announced = [int(r) for r in state["tensor_ranks"]], False
+        self.window.load_state_dict(state)
 
     # --- what it did ------------------------------------------------------------------------------
     def _weights(self, stats: RunStats, by_size: bool) -> Counter:
