@@ -92,19 +92,31 @@ def _bits_ok(v) -> bool:
 
 
 @dataclass
-class LGrecoCfg(MethodCfg):
-    """L-GreCo's options; defaults from the public code where it has them (see the module doc)."""
+class SolveCfg(MethodCfg):
+    """When an L-GreCo method solves and how finely (shared by lgreco, lgreco_accordion and
+    lgreco_powersgd); defaults from the public code."""
+    period: int = option(100, check=lambda v: v >= 1, valid=">= 1", doc="steps between solves (code: adjust_freq)")
+    window: int = option(10, check=lambda v: v >= 1, valid=">= 1",
+                         doc="last steps of a period whose compensated gradients are averaged (code: acc_iter)")
+    buckets: int = option(10000, check=lambda v: v >= 1, valid=">= 1",
+                          doc="error budget resolution of the DP (code: DPBUCKETS)")
+    budget_scale: float = option(1.0, check=lambda v: v > 0, valid="> 0",
+                                 doc="budget = this x the uniform default's total error (code: alpha)")
+
+    def errors(self, prefix: str) -> list[str]:
+        if self.window > self.period:
+            return [f"{prefix}.window={self.window} must be <= {prefix}.period={self.period}: "
+                    "the gradients averaged for a solve come from the period before it"]
+        return []
+
+
+@dataclass
+class LGrecoCfg(SolveCfg):
+    """L-GreCo's levels: CFs of a sparsifier (or a quantizer's code widths); see the module doc."""
     candidates: list = option(factory=lambda: [10, 20, 50, 100, 200, 1000], check=_cfs_ok,
                               valid="a non-empty list of CFs >= 1", doc="CFs a layer may use")
     default_cf: float = option(100.0, check=lambda v: v >= 1, valid=">= 1",
                                doc="uniform CF whose total error is the budget (one of the candidates)")
-    period: int = option(100, check=lambda v: v >= 1, valid=">= 1", doc="steps between solves (code: adjust_freq)")
-    window: int = option(10, check=lambda v: v >= 1, valid=">= 1",
-                             doc="last steps of a period whose compensated gradients are averaged (code: acc_iter)")
-    buckets: int = option(10000, check=lambda v: v >= 1, valid=">= 1",
-                          doc="error budget resolution of the DP (code: DPBUCKETS)")
-    budget_scale: float = option(1.0, check=lambda v: v > 0, valid="> 0",
-                                 doc="budget = this x the default's total error (code: alpha)")
     error: str = option("norm", choices=("norm", "squared"),
                         doc="per-layer error ||g - C(g)|| (code) | ||g - C(g)||^2")
     bits: list = option(factory=list, check=_bits_ok,
@@ -117,10 +129,7 @@ class LGrecoCfg(MethodCfg):
         if _cfs_ok(self.candidates) and float(self.default_cf) not in [float(c) for c in self.candidates]:
             out.append(f"{prefix}.default_cf={self.default_cf:g} must be one of {prefix}.candidates="
                        f"{list(self.candidates)}, so that the uniform default is always a feasible choice")
-        if self.window > self.period:
-            out.append(f"{prefix}.window={self.window} must be <= {prefix}.period={self.period}: "
-                       "the gradients averaged for a solve come from the period before it")
-        return out
+        return out + super().errors(prefix)
 
 
 # --- the dynamic program (pure numbers) -----------------------------------------------------------

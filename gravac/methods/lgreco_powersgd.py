@@ -66,7 +66,7 @@ from compressors.lowrank import compresses, effective_rank, matrix_shape, orthog
 from gravac.core.errors import UserError
 from gravac.core.registry import option
 from gravac.methods.base import METHODS, RunStats, StepContext, StepResult
-from gravac.methods.lgreco import SolveWindow, charge_solve, decide
+from gravac.methods.lgreco import SolveCfg, SolveWindow, charge_solve, decide
 from gravac.methods.powersgd import PowerSGD, PowerSGDCfg
 
 
@@ -76,19 +76,12 @@ def _ranks_ok(v) -> bool:
 
 
 @dataclass
-class LGrecoPowerSGDCfg(PowerSGDCfg):
+class LGrecoPowerSGDCfg(SolveCfg, PowerSGDCfg):
     """PowerSGD's options (`rank`: the uniform default whose error is the budget) and L-GreCo's."""
     rank: int = option(2, check=lambda v: v >= 1, valid=">= 1",
                        doc="uniform default rank whose total error is the budget (one of the candidates)")
     candidates: list = option(factory=lambda: [1, 2, 3, 4], check=_ranks_ok, valid="a non-empty list of ranks >= 1",
                               doc="PowerSGD ranks a tensor may use (code: floor(rank/2)..ceil(2 rank))")
-    period: int = option(100, check=lambda v: v >= 1, valid=">= 1", doc="steps between solves (code: adjust_freq)")
-    window: int = option(10, check=lambda v: v >= 1, valid=">= 1",
-                         doc="last steps of a period whose compensated gradients are averaged (code: acc_iter)")
-    buckets: int = option(10000, check=lambda v: v >= 1, valid=">= 1",
-                          doc="error budget resolution of the DP (code: DPBUCKETS)")
-    budget_scale: float = option(1.0, check=lambda v: v > 0, valid="> 0",
-                                 doc="budget = this x uniform rank's total error (code: alpha)")
     error: str = option("norm", choices=("norm", "squared"),
                         doc="per-tensor error ||M - M_r|| (code) | ||M - M_r||^2")
     error_method: str = option("svd", choices=("svd", "power"),
@@ -101,10 +94,7 @@ class LGrecoPowerSGDCfg(PowerSGDCfg):
         if _ranks_ok(self.candidates) and self.rank not in self.candidates:
             out.append(f"{prefix}.rank={self.rank} must be one of {prefix}.candidates={list(self.candidates)}, "
                        "so that uniform PowerSGD at that rank (the budget) is always a feasible choice")
-        if self.window > self.period:
-            out.append(f"{prefix}.window={self.window} must be <= {prefix}.period={self.period}: "
-                       "the gradients averaged for a solve come from the period before it")
-        return out
+        return out + super().errors(prefix)
 
 
 # --- the error table (pure numbers) -------------------------------------------------------------
