@@ -255,20 +255,16 @@ def layer_levels(run: Run) -> np.ndarray:
     return np.array([c if c else [np.nan] * len(first) for c in cols], dtype=float).T
 
 
-#: Quantizers whose per-layer code widths L-GreCo chooses (their levels are bits, not CFs).
-WIDTH_QUANTIZERS = ("quant", "qsgd")
 #: What a level is called, per unit: the colour bar's "... of the layer" and the caption's "per ...".
 UNIT_NAMES = {"cf": ("CF", "CF"), "bits": ("code width", "width"), "rank": ("rank", "rank")}
 
 
 def level_unit(run: Run) -> str:
     """What a run's per-layer levels are: "cf", "bits" (a quantizer's code widths) or "rank"
-    (PowerSGD's), from summary.json's `method_summary.level_unit`, else from the configured
-    compressor (runs written before summaries said it)."""
-    unit = ((run.summary or {}).get("method_summary") or {}).get("level_unit")
-    if unit:
-        return str(unit)
-    return "bits" if run.cfg("compressor.name") in WIDTH_QUANTIZERS else "cf"
+    (PowerSGD's), from summary.json's `method_summary.level_unit`, else the setting's (config.yaml:
+    a run still going), else "cf" (runs written before either said it chose only CFs)."""
+    unit = ((run.summary or {}).get("method_summary") or {}).get("level_unit") or run.setting.get("level_unit")
+    return str(unit) if unit else "cf"
 
 
 def fmt_level(v: float, unit: str) -> str:

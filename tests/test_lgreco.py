@@ -462,6 +462,9 @@ def test_quant_records_say_bits():
     from gravac.methods.lgreco import LGreco
     assert LGreco.label(cfg.method, cfg.compressor) == "L-GreCo (quant 8/4/2-bit, budget 1x uniform 4-bit)"
     assert LGreco.cf_text(cfg.method, cfg.compressor) == "2–8 bits per layer"
+    assert LGreco.describe(cfg.method, cfg.compressor)["level_unit"] == "bits"     # config.yaml's setting too
+    topk = make_run(method=dict(name="lgreco"), compressor=dict(name="topk", granularity="layer"))
+    assert LGreco.describe(topk.method, topk.compressor)["level_unit"] == "cf"
     assert make().summarize(stats)["level_unit"] == "cf"
     wide = make(compressor="quant", comp=dict(bits=8, bucket=64))     # the widest as the budget: nothing to trade
     recs = [{"floats_sent": r.floats_sent, **r.extra} for r in (wide.step(grads(s), ctx(s)) for s in range(4))]

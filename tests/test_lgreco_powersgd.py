@@ -176,6 +176,7 @@ def test_summary_histogram_shares_and_explanation():
     assert sum(hist.values()) == 7 * 4 and hist["dense"] == 7 and list(hist)[-1] == "dense"
     assert shares["dense"] == pytest.approx(300 / sum(SIZES)) and sum(shares.values()) == pytest.approx(1.0)
     assert summary["layer_sizes"] == SIZES and summary["level_unit"] == "rank"
+    assert type(m).describe(m.cfg, make_run(method=dict(name="lgreco_powersgd")).compressor)["level_unit"] == "rank"
     line = m.explain(stats)
     assert line.startswith("L-GreCo (PowerSGD) solved 2 time(s)") and "parameter-steps per rank" in line
     assert "never solved" in make(period=50).explain(RunStats([{"step": 0, "epoch": 0, "floats_sent": 1}], 4))

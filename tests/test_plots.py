@@ -851,7 +851,8 @@ def test_levels_figure_draws_each_layer_and_weighs_shares_by_size(tmp_path):
 def test_levels_figure_of_a_quantizer_says_bits(tmp_path):
     """L-GreCo over a quantizer records code widths: the colour bar and the caption's shares say
     bits (hand-computed: sizes 90/10, 5 steps at 4/4 bits then 5 at 2/8 -> 2-bit 45%, 4-bit 50%,
-    8-bit 5%), whether the summary names the unit or only the compressor tells it."""
+    8-bit 5%), whether the method's summary names the unit or only the setting does (config.yaml of a
+    run still going)."""
     import matplotlib.pyplot as plt
     from plots import figures
     from plots.load import load_run
@@ -864,9 +865,10 @@ def test_levels_figure_of_a_quantizer_says_bits(tmp_path):
         summary.write_text(json.dumps({**s, "method_summary": ms}))
         ctx.groups[0].runs[:] = [load_run(str(summary.parent))]
         run = ctx.groups[0].runs[0]
-        if "level_unit" not in ms:                       # no unit recorded: the compressor tells it
+        if "level_unit" not in ms:                       # no method summary's unit: the setting tells it
             assert figures.level_unit(run) == "cf"
-            run.config["compressor"]["name"] = "quant"
+            run.config["setting"] = {**run.setting, "level_unit": "bits"}
+            run.summary.pop("setting", None)
         assert figures.level_unit(run) == "bits"
         fig = figures.levels_figure(ctx, ctx.groups[0])
         bar = fig.axes[1]

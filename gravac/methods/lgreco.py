@@ -502,6 +502,13 @@ class LGreco(CompressingMethod):
         return []
 
     @classmethod
+    def describe(cls, cfg, comp) -> dict:
+        """The setting, with what a level is (`level_unit`: cf or bits), so that plots can name
+        levels from config.yaml alone (a run still going has no summary)."""
+        widths = cls.widths_of(cfg, comp) if comp.name in COMPRESSORS else None
+        return {**super().describe(cfg, comp), "level_unit": "cf" if widths is None else "bits"}
+
+    @classmethod
     def label(cls, cfg: LGrecoCfg, comp) -> str:
         widths = cls.widths_of(cfg, comp) if comp.name in COMPRESSORS else None
         if widths is not None:

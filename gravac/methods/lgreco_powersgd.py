@@ -301,6 +301,11 @@ class LGrecoPowerSGD(PowerSGD):
 
     # --- what a configuration means ---------------------------------------------------------------
     @classmethod
+    def describe(cls, cfg, comp) -> dict:
+        """The setting, with what a level is (`level_unit`: rank) for plots of a run still going."""
+        return {**super().describe(cfg, comp), "level_unit": "rank"}
+
+    @classmethod
     def label(cls, cfg, comp) -> str:
         return f"L-GreCo (PowerSGD, budget {cfg.budget_scale:g}x uniform rank {cfg.rank})"
 
