@@ -464,6 +464,7 @@ class Quantizer(Compressor):
         if int(bucket) != bucket or bucket < 0:
             raise ValueError(f"{type(self).__name__} needs an integer bucket >= 0 (0: one group per tensor), got {bucket}")
         self.bucket = int(bucket)
+        self._at: dict[int, Quantizer] = {}      # at_width's quantizers at other widths, built once
 
     @property
     def per_rank_seed(self) -> bool:
@@ -492,9 +493,20 @@ class Quantizer(Compressor):
         return f"{cls.code_bits(cfg)}-bit codes"
 
     def at_width(self, bits: int) -> "Quantizer":
-        """This quantizer with code width ``bits`` (one of ``widths``); itself at its own width."""
-        if bits == self.bits:
+        """This quantizer with code width ``bits`` (one of ``widths``): itself when it is that
+        quantizer already, else one built once by ``_with_width`` and kept."""
+        if self._is_width(bits):
             return self
+        if bits not in self._at:
+            self._at[bits] = self._with_width(bits)
+        return self._at[bits]
+
+    def _is_width(self, bits: int) -> bool:
+        """Whether this quantizer is already what ``at_width(bits)`` stands for."""
+        return bits == self.bits
+
+    def _with_width(self, bits: int) -> "Quantizer":
+        """The same quantizer (its other options kept) at code width ``bits``."""
         raise ValueError(f"{type(self).__name__} has one code width ({self.bits} bits), not {bits}")
 
     def segment_bytes(self, sizes, bits) -> np.ndarray:

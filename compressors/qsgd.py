@@ -55,7 +55,6 @@ class QSGD(Quantizer):
             raise ValueError(f"QSGD needs levels in 1..127, got {levels}")
         self.levels = int(levels)
         self.bits, self.offset = qsgd_bits(self.levels), float(self.levels)
-        self._at: dict[int, QSGD] = {}
 
     @classmethod
     def code_bits(cls, cfg) -> int:
@@ -70,13 +69,12 @@ class QSGD(Quantizer):
     def width_text(cls, cfg) -> str:
         return f"compressor.levels={cfg.levels} ({qsgd_bits(cfg.levels)}-bit codes)"
 
-    def at_width(self, bits: int) -> "QSGD":
+    def _is_width(self, bits: int) -> bool:
+        return bits == self.bits and self.levels == qsgd_levels(bits)
+
+    def _with_width(self, bits: int) -> "QSGD":
         """QSGD with the most levels a ``bits``-bit code holds (s = 2^(bits-1) - 1), same bucket."""
-        if bits == self.bits and self.levels == qsgd_levels(bits):
-            return self
-        if bits not in self._at:
-            self._at[bits] = QSGD(levels=qsgd_levels(bits), bucket=self.bucket, check_finite=self.check_finite)
-        return self._at[bits]
+        return QSGD(levels=qsgd_levels(bits), bucket=self.bucket, check_finite=self.check_finite)
 
     def _encode(self, a, lens, seed, check):
         norm = finite(group_scale(a, lens, "l2").astype(np.float32), check)

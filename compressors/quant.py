@@ -45,7 +45,6 @@ class Quant(Quantizer):
                              f"got bits={bits}, rounding={rounding!r}")
         self.bits, self.rounding = int(bits), rounding
         self.stochastic = rounding == "stochastic"
-        self._at: dict[int, Quant] = {}
 
     @classmethod
     def code_bits(cls, cfg) -> int:
@@ -55,13 +54,9 @@ class Quant(Quantizer):
     def width_text(cls, cfg) -> str:
         return f"compressor.bits={cfg.bits}"
 
-    def at_width(self, bits: int) -> "Quant":
+    def _with_width(self, bits: int) -> "Quant":
         """The same quantizer (bucket, rounding) at ``bits`` (8, 4 or 2)."""
-        if bits == self.bits:
-            return self
-        if bits not in self._at:
-            self._at[bits] = Quant(bits=bits, bucket=self.bucket, rounding=self.rounding, check_finite=self.check_finite)
-        return self._at[bits]
+        return Quant(bits=bits, bucket=self.bucket, rounding=self.rounding, check_finite=self.check_finite)
 
     def _encode(self, a, lens, seed, check):
         lo, hi = group_min_max(a, lens)
