@@ -10,20 +10,29 @@ as a median:
                 C(g,10) + recompress(C(g,10), 100), and C(g,1000) alone against the recompress alone;
   * quantize    each quantizer (its CF is fixed by its code width, so once, not per CF): encode,
                 decode, and encode + decode (kind=quantize; passes = encode + decode).
+Memory is kept mapped between calls by default (``--alloc steady``): with glibc's defaults every
+large temporary is a fresh mmap whose first touch page-faults, and those faults (host-dependent,
+3-4x the cost of the pass itself at ResNet101's size) made the medians noisy and the pass, the
+unit, far too slow. ``--alloc fresh`` measures that default; the CSV records the mode and each
+case's page faults per call.
 Gradients are synthetic and heavy-tailed, ``randn * exp(randn)`` (a log-normal scale mixture of
 Gaussians, like real gradients whose per-coordinate scales vary over orders of magnitude); Top-k
 is also timed on plain ``randn`` ("normal"); ``--dists vgg16fc1`` adds VGG16's tie-heavy structure
 (see synthetic_gradient). Writes a CSV (atomically) and prints tables.
 
     python bench/compress_bench.py [--sizes resnet101,vgg16,lstm | --numel 1000000] [--cfs 10,100,1000]
-                                   [--repeats 3] [--quick] [--out results/compress_bench.csv]
+                                   [--repeats 5] [--alloc steady|fresh] [--quick] [--out results/compress_bench.csv]
     --compressors takes options after a colon, joined by +: quant:bits=4+bucket=1024 (quantizers at other widths).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import ctypes.util
 import csv
 import io
+import resource
 import statistics
 import sys
 import time
@@ -43,7 +52,32 @@ QUICK_NUMEL = 1_000_000
 COLUMNS = ["kind", "dist", "size", "numel", "compressor", "label", "cf", "threads", "runs", "median_s", "pass_s", "passes",
            "torch_topk_s", "speedup_vs_torch_topk", "same_set_as_torch", "nnz", "wire_bytes",
            "direct_s", "multilevel_s", "multilevel_speedup", "direct_high_s", "recompress_s", "recompress_speedup",
-           "direct_repeats_s", "multilevel_repeats_s", "encode_s", "decode_s"]
+           "direct_repeats_s", "multilevel_repeats_s", "encode_s", "decode_s", "alloc", "page_faults"]
+ALLOCS = ("steady", "fresh")
+
+
+@contextlib.contextmanager
+def allocator(mode: str):
+    """How freed memory behaves while timing. ``steady``: glibc never returns it to the kernel
+    (mmap off, trim threshold at its maximum), so after one warm-up call no case page-faults and a
+    time is the code's compute and memory traffic, as under a caching allocator (CUDA's, jemalloc).
+    ``fresh``: glibc's defaults, where every temporary over 32 MB is a new mmap that faults on first
+    touch, as in a default CPU PyTorch process (slower, and by how much depends on the host).
+    glibc's defaults come back on exit (the quick test runs inside pytest)."""
+    if mode == "fresh":
+        yield
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4   # malloc.h
+    if not hasattr(libc, "mallopt") or not (libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)):
+        raise SystemExit("compress_bench: --alloc steady needs glibc's mallopt, which this C library lacks; "
+                         "use --alloc fresh (times then include page faults)")
+    try:
+        yield
+    finally:
+        libc.mallopt(M_MMAP_MAX, 65536)
+        libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
+        libc.malloc_trim(0)
 
 
 def _label(name: str) -> str:
@@ -117,26 +151,33 @@ class Suite:
         self.repeats, self.budget_s = repeats, budget_s
         self.cases: dict[str, object] = {}
         self.times: dict[str, list[float]] = {}
+        self.faults: dict[str, list[int]] = {}
 
     def add(self, name: str, fn) -> None:
         self.cases[name] = fn
         self.times[name] = []
+        self.faults[name] = []
 
     def run(self) -> None:
-        for fn in self.cases.values():  # warm-up (allocator, lazy init), not timed
+        for fn in self.cases.values():  # warm-up of every case (lazy init; the steady heap grows to its peak), not timed
             fn()
-            break
         for rep in range(self.repeats):
             for name, fn in self.cases.items():
                 spent = sum(self.times[name])
                 if rep > 0 and spent > self.budget_s:  # slow baseline (torch.topk on VGG16): bounded
                     continue
+                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 t0 = time.perf_counter()
                 fn()
                 self.times[name].append(time.perf_counter() - t0)
+                self.faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
 
     def median(self, name: str) -> float:
         return statistics.median(self.times[name])
+
+    def page_faults(self, name: str) -> int:
+        """Median minor page faults of one call: about 0 under --alloc steady."""
+        return int(statistics.median(self.faults[name]))
 
     def runs(self, name: str) -> int:
         return len(self.times[name])
@@ -187,7 +228,7 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
                 s.add(f"{name}/re", lambda c=c, p=p_lo: c.recompress(p, cs, seed=2))
         s.run()
         pass_s = s.median("pass")
-        base = dict(dist=dist, size=size, numel=n, threads=threads)
+        base = dict(dist=dist, size=size, numel=n, threads=threads, alloc=args.alloc)
         for cf in args.cfs:
             k = target_k(n, cf)
             ref = torch.topk(x.abs(), k, sorted=False).indices if "topk" in names else None
@@ -195,7 +236,8 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
                 med = s.median(f"{name}/{cf}")
                 p = c.compress(x, cf, seed=1)
                 row = dict(base, kind="compress", compressor=name, label=_label(name), cf=cf,
-                           runs=s.runs(f"{name}/{cf}"), median_s=med, pass_s=pass_s, passes=med / pass_s, nnz=p.nnz, wire_bytes=p.wire_bytes())
+                           runs=s.runs(f"{name}/{cf}"), median_s=med, pass_s=pass_s, passes=med / pass_s, nnz=p.nnz, wire_bytes=p.wire_bytes(),
+                           page_faults=s.page_faults(f"{name}/{cf}"))
                 if name == "topk":
                     tt = s.median(f"torch.topk/{cf}")
                     row.update(torch_topk_s=tt, speedup_vs_torch_topk=tt / med,
@@ -207,7 +249,7 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
             rows.append(dict(base, kind="quantize", compressor=name, label=_label(name), cf=n / p.floats,
                              runs=s.runs(f"{name}/both"), median_s=med, pass_s=pass_s, passes=med / pass_s,
                              nnz=p.nnz, wire_bytes=p.wire_bytes(), encode_s=s.median(f"{name}/encode"),
-                             decode_s=s.median(f"{name}/decode")))
+                             decode_s=s.median(f"{name}/decode"), page_faults=s.page_faults(f"{name}/both")))
         if dist == "heavy":
             lo, hi = args.multilevel
             for name, c in ml.items():
@@ -218,7 +260,8 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
                                  runs=s.runs(f"{name}/multi"), median_s=m, pass_s=pass_s, passes=m / pass_s, nnz=q.nnz, wire_bytes=q.wire_bytes(),
                                  direct_s=d, multilevel_s=m, multilevel_speedup=d / m, direct_high_s=h,
                                  recompress_s=r, recompress_speedup=h / r,
-                                 direct_repeats_s=s.timings(f"{name}/direct"), multilevel_repeats_s=s.timings(f"{name}/multi")))
+                                 direct_repeats_s=s.timings(f"{name}/direct"), multilevel_repeats_s=s.timings(f"{name}/multi"),
+                                 page_faults=s.page_faults(f"{name}/multi")))
         del x
     return rows
 
@@ -236,7 +279,8 @@ def fmt(v, spec: str) -> str:
 
 
 def print_tables(rows: list[dict], threads: int, lo: float, hi: float) -> None:
-    print(f"\ntorch {torch.__version__}, threads={threads}; times are medians, 'passes' = time / x.abs().sum() time")
+    print(f"\ntorch {torch.__version__}, threads={threads}, alloc={rows[0]['alloc'] if rows else '-'}; "
+          "times are medians, 'passes' = time / x.abs().sum() time")
     print(f"\n{'size':10} {'dist':6} {'compressor':10} {'CF':>6} {'time ms':>9} {'passes':>7} {'nnz':>10} "
           f"{'torch.topk ms':>14} {'speedup':>8} {'same set':>8}")
     for r in rows:
@@ -288,7 +332,10 @@ def parse_args(argv):
     ap.add_argument("--multilevel", default="10,1000", help="low,high CF of the multi-level comparison")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
                     help="skip the torch.topk-based Top-k (reference code) in the multi-level table")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--alloc", choices=ALLOCS, default="steady",
+                    help="steady: freed memory stays mapped, no page faults after the warm-up (default); "
+                         "fresh: glibc's defaults, every large temporary faults on first touch")
     ap.add_argument("--budget", type=float, default=8.0, help="stop repeating a case after this many seconds")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: what torch uses)")
     ap.add_argument("--seed", type=int, default=0)
@@ -325,10 +372,11 @@ def main(argv=None) -> list[dict]:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     rows = []
-    for size, n in args.sizes:
-        t0 = time.perf_counter()
-        rows += bench_size(size, n, args, threads)
-        print(f"[{size}: {n:,} elements done in {time.perf_counter() - t0:.0f} s]", flush=True)
+    with allocator(args.alloc):
+        for size, n in args.sizes:
+            t0 = time.perf_counter()
+            rows += bench_size(size, n, args, threads)
+            print(f"[{size}: {n:,} elements done in {time.perf_counter() - t0:.0f} s]", flush=True)
     print_tables(rows, threads, *args.multilevel)
     out = Path(args.out)
     write_csv(rows, out)

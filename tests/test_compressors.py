@@ -4,6 +4,9 @@ from __future__ import annotations
 import contextlib
 import csv
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,8 @@ from compressors import (DGC, ErrorFeedback, Layerwise, Payload, RandomK, RedSyn
                          dgc_warmup_cf, target_k)
 from compressors.arrays import native
 from compressors.randomk import _subset
+
+ROOT = Path(__file__).resolve().parents[1]
 from compressors.topk import keep_top, topk_select
 
 CFS = [1.5, 10, 100, 1000]
@@ -645,3 +650,21 @@ def test_compress_bench_quick(tmp_path):
     assert not {r["compressor"] for r in rows if r["kind"] in ("compress", "multilevel")} & set(quant)
     assert float(quant["efsignsgd"]["cf"]) == pytest.approx(32, rel=1e-3) and float(quant["qsgd"]["passes"]) > 0
     assert float(quant["fp16"]["cf"]) == 2.0 and int(quant["bf16"]["wire_bytes"]) == 2 * int(quant["bf16"]["numel"])
+    assert {r["alloc"] for r in rows} == {"steady"} and all(r["page_faults"] != "" for r in rows)
+
+
+def test_compress_bench_steady_allocator_removes_page_faults(tmp_path):
+    """--alloc steady (the default) keeps freed memory mapped, so a 48 MB temporary stops faulting;
+    --alloc fresh (glibc's defaults) faults on it every call (>= 24 even with 2 MB huge pages).
+    Separate processes: the allocator setting is process-wide."""
+    faults = {}
+    for mode in ("steady", "fresh"):
+        out = tmp_path / f"{mode}.csv"
+        r = subprocess.run([sys.executable, str(ROOT / "bench" / "compress_bench.py"), "--alloc", mode, "--compressors",
+                            "fp16", "--dists", "heavy", "--numel", "12000000", "--cfs", "1000", "--repeats", "2",
+                            "--no-reference", "--out", str(out)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        (row,) = [r for r in csv.DictReader(out.open()) if r["kind"] == "quantize"]
+        assert row["alloc"] == mode
+        faults[mode] = int(row["page_faults"])
+    assert faults["steady"] < 20 <= faults["fresh"], faults
