@@ -12,7 +12,7 @@ as a median:
                 decode, and encode + decode (kind=quantize; passes = encode + decode).
 Memory is kept mapped between calls by default (``--alloc steady``): with glibc's defaults every
 large temporary is a fresh mmap whose first touch page-faults, and those faults (host-dependent,
-3-4x the cost of the pass itself at ResNet101's size) made the medians noisy and the pass, the
+about 3x the cost of the pass itself at ResNet101's size) made the medians noisy and the pass, the
 unit, far too slow. ``--alloc fresh`` measures that default; the CSV records the mode and each
 case's page faults per call.
 Gradients are synthetic and heavy-tailed, ``randn * exp(randn)`` (a log-normal scale mixture of
