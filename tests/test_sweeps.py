@@ -452,9 +452,9 @@ def test_joblib_sweep_a_killed_job_fails_alone_and_its_printed_resume_command_wo
     (killed, summary), = [(run, s) for run, s in summaries.items() if s["status"] == "failed"]
     why = "its process died (exit code 17) at step 12; the checkpoint at step 10 resumes it"
     assert (summary["steps"], summary["error"]) == (12, why) and len(_records(killed)) == 12
-    (beside,) = [run for run, s in summaries.items() if (s["workers"], s["total_steps"]) == (1, 40)]
-    died = (killed / "summary.json").stat().st_mtime          # written once the job had died
-    assert (beside / "config.yaml").stat().st_mtime < died < (beside / "summary.json").stat().st_mtime
+    # That a job running beside it outlives the death is proven without timing by
+    # test_a_job_killed_on_this_machine_fails_alone_and_says_so: here which job shares the slot at
+    # that moment depends on the host's speed (CI once finished the 1-worker job 29 ms before it).
     assert f"job #0 failed but left a checkpoint. Resume with:\n  {summary['resume_command']}\n" in r.stderr
     assert r.stderr.splitlines()[-1].startswith("error: 1 job(s) of the sweep failed: #0 train.steps=40 cluster.workers=2")
     assert r.stderr.splitlines()[-1].endswith(f"({why})") and "Traceback" not in r.stderr
