@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from .arrays import CHUNK, NONFINITE, above, finite_max, kth_largest, ops, sample_abs, top_positions
+from .arrays import CHUNK, NONFINITE, above, finite_max, kernels, kth_largest, ops, sample_abs, top_positions
 from .base import COMPRESSORS, Compressor, generator
 
 
@@ -38,10 +38,22 @@ def keep_top(idx, vals, k: int, band=None):
         keep = band[top_positions(bav, need)]
         if nb == c:
             return idx[keep], vals[keep]
-        out = xp.ones_bool(c, idx)
-        out[band] = False
-        return outside_then(idx, out, keep), outside_then(vals, out, keep)
+        return without_then(idx, vals, band, keep)
     return remove_positions(idx, vals, band[xp.bottom(bav, nb - need)])
+
+
+def without_then(idx, vals, band, keep):
+    """idx and vals without the entries at positions ``band``, followed by those at ``keep`` (a
+    subset of band), in the inputs' memory: with the compiled kernel when band is ascending (as a
+    scan returns it), else via :func:`outside_then`."""
+    k = kernels() if isinstance(idx, np.ndarray) else None
+    if k is not None and k.supports(vals):
+        e = k.drop_then(idx, k.int_view(vals)[0], band, keep)
+        if e >= 0:
+            return idx[:e], vals[:e]
+    out = ops(idx).ones_bool(idx.shape[0], idx)
+    out[band] = False
+    return outside_then(idx, out, keep), outside_then(vals, out, keep)
 
 
 def outside_then(v, mask, keep):

@@ -1,0 +1,142 @@
+"""Compiled (numba) kernels for the CPU hot loops of exact Top-k: the candidate scan and the
+compaction that drops a selection's band. Importing this module needs numba; callers go through
+:func:`compressors.arrays.kernels`, which returns None without it (then the NumPy code runs).
+
+Why: the NumPy scan makes five trips through every cache block (abs, max, compare, flatnonzero,
+take) and costs ~4 passes at 10x; these kernels read each element once. Their results are the
+NumPy code's bit for bit (tests/test_topk_kernel.py): same positions in the same order, same
+values, same band, same max.
+
+How the scan stays exact without float compares: for IEEE floats with the sign bit cleared, the
+integer order of the bit patterns is the float order, and every NaN lies above +Inf. So the scan
+works on an integer view: ``u = bits & absmask`` is |x| (as np.abs gives it), ``max(u)`` is max|x|
+(Inf is ``infbits``, NaN anything above it), and |x| >= t is ``u >= tb`` for the threshold's bits
+``tb`` (see :func:`threshold_bits`). NaN is the one value where the integer and float compares
+disagree, so a scan that saw one reports it and the caller reruns the NumPy code. (The one other
+way they could: a process that turned on flush-to-zero, torch.set_flush_denormal(True), makes
+float compares treat subnormals as 0; nothing here does.)
+
+Serial and compiled with ``nogil``, like the NumPy code they replace: no threads of their own (the
+suite runs one thread per worker process, forks and spawns workers, and numba's parallel layers
+bring thread pools of their own). ``cache=True`` keeps the machine code in this package's
+``__pycache__`` (numba's user cache dir when that is read-only): the first call in a fresh clone
+compiles for ~2 s, later processes load it in ~0.5 s (numba's start-up, once per process).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
+
+#: Elements per block: the block's flags and positions stay in L1 while it is scanned twice.
+BLOCK = 2048
+_INT_OF = {np.dtype(np.float16): np.int16, np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
+
+
+def supports(a: np.ndarray) -> bool:
+    """Whether the kernels take this array: 1-D, of a float dtype they have an integer view for."""
+    return a.ndim == 1 and a.dtype in _INT_OF
+
+
+def int_view(a: np.ndarray):
+    """(bits, absmask, infbits) of a float array: its bit patterns as signed integers of the same
+    width, the mask that clears the sign bit, and the pattern of +Inf."""
+    it = _INT_OF[a.dtype]
+    return a.view(it), it(np.iinfo(it).max), np.array(np.inf, dtype=a.dtype).view(it)[()]
+
+
+def threshold_bits(t, *, strict: bool, it) -> int:
+    """The integer ``tb`` with ``u >= tb`` iff |x| >= t (|x| > t if strict), for every non-NaN x
+    and any non-NaN threshold t of x's dtype (negative, -0.0, +Inf included)."""
+    if t > 0:
+        return int(np.array(t).view(it)[()]) + strict
+    return 1 if strict and t == 0 else 0   # t <= 0: all of |x| >= t; |x| > 0 is u >= 1
+
+
+def below_bits(t, *, it) -> int:
+    """The integer ``hb`` with ``u < hb`` iff |x| < t, for non-NaN x and t."""
+    return int(np.array(t).view(it)[()]) if t > 0 else 0
+
+
+@njit(nogil=True, cache=True)
+def scan(bits, start, absmask, tb, hb, idx, vals, band, c, nb):
+    """Scan bits[start:] block by block: append each position i with u >= tb to idx and its bits
+    to vals (from slot c on), and for those with u < hb their slot in idx to band (from slot nb).
+
+    Returns (stop, c, nb, umax): it stops early, at a block boundary, when the next block might
+    not fit in idx/vals or band (the caller grows them and calls again from ``stop``); umax is
+    the largest u seen. Per block: one vectorised loop (max, flags), then the flagged positions,
+    found word by word (8 flags at a time, skipping empty words) when the previous block was
+    sparse, or with a branch-free append when it was dense.
+    """
+    n = bits.shape[0]
+    flags = np.zeros(BLOCK, np.uint8)
+    words = flags.view(np.uint64)
+    pos = np.empty(BLOCK, np.int32)
+    umax = absmask & 0
+    dense = False
+    i = start
+    while i < n:
+        m = min(BLOCK, n - i)
+        if c + m > idx.shape[0] or nb + m > band.shape[0]:
+            break
+        blk = bits[i:i + m]
+        for j in range(m):
+            u = blk[j] & absmask
+            umax = max(umax, u)
+            flags[j] = u >= tb
+        p = 0
+        if dense:
+            for j in range(m):
+                pos[p] = j
+                p += flags[j]
+        else:
+            for j in range(m, BLOCK):   # only in the last, short block: no stale flags
+                flags[j] = 0
+            for w in range((m + 7) // 8):
+                word = words[w]
+                while word:
+                    pos[p] = 8 * w + (trailing_zeros(word) >> 3)
+                    p += 1
+                    word &= word - np.uint64(1)
+        for q in range(p):
+            j = pos[q]
+            x = blk[j]
+            idx[c] = i + j
+            vals[c] = x
+            band[nb] = c
+            nb += (x & absmask) < hb
+            c += 1
+        dense = p > m // 32
+        i += m
+    return i, c, nb, umax
+
+
+@njit(nogil=True, cache=True)
+def drop_then(idx, vals, drop, keep):
+    """idx and vals without the entries at the positions ``drop``, order kept, followed by the
+    entries at ``keep`` (each array's result is its first ``w`` slots; returns w). In place: a
+    keep-flag per slot and one branch-free sweep, about a copy of the arrays, where NumPy's
+    mask-and-copy cost three. Returns -1, changing nothing, unless drop is strictly ascending
+    and within the arrays (as a scan's band is) and keep is within the arrays."""
+    n, nd = idx.shape[0], drop.shape[0]
+    for d in range(nd):
+        if drop[d] >= n or drop[d] < (drop[d - 1] + 1 if d else 0):
+            return -1
+    for j in keep:
+        if j < 0 or j >= n:
+            return -1
+    tail_i, tail_v = idx[keep], vals[keep]   # read before the sweep overwrites them
+    start = drop[0] if nd else n
+    kept = np.ones(n - start, np.uint8)
+    for d in range(nd):
+        kept[drop[d] - start] = 0
+    w = start
+    for r in range(start, n):   # w <= r: the writes never pass the reads
+        idx[w] = idx[r]
+        vals[w] = vals[r]
+        w += kept[r - start]
+    for j in range(keep.shape[0]):
+        idx[w + j] = tail_i[j]
+        vals[w + j] = tail_v[j]
+    return w + keep.shape[0]
