@@ -12,6 +12,7 @@ compiled kernels when numba is installed (compressors/_kernels.py), with the sam
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -33,6 +34,9 @@ def kernels():
         try:
             from . import _kernels as k
         except ImportError:
+            k = None
+        except Exception as e:  # numba present but unusable (e.g. no writable cache dir): say so
+            warnings.warn(f"compressors: compiled kernels unavailable ({e!r}); using the NumPy code")
             k = None
         _KERNELS.append(k)
     return _KERNELS[0]

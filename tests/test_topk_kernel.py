@@ -77,6 +77,13 @@ def test_scan_same_as_numpy(dtype, kind, n, monkeypatch):
                         assert_same_scan(got, want)
 
 
+def test_scan_strided_same_as_numpy():
+    """A strided view (a layer's slice of a flat buffer need not be contiguous)."""
+    a = gradient(4 * B + 7, "heavy", np.float32)[::3]
+    for thr, hi in ((0.5, 1.0), (2.0, None)):
+        assert_same_scan(above(a, thr, hi=hi), _above_numpy(a, thr, False, False, hi, 0))
+
+
 def test_scan_runs_compiled(monkeypatch):
     """The comparisons above compare two implementations: above() does reach the kernel."""
     calls = []
