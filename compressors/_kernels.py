@@ -24,11 +24,18 @@ compiles for ~2 s, later processes load it in ~0.5 s (numba's start-up, once per
 """
 from __future__ import annotations
 
-import numpy as np
-from numba import njit
-from numba.cpython.unsafe.numbers import trailing_zeros
+import sys
 
-#: Elements per block: the block's flags and positions stay in L1 while it is scanned twice.
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.cpython.unsafe.numbers import trailing_zeros
+from numba.extending import intrinsic
+
+if sys.byteorder != "little":   # the flag packing below reads bytes of words: little-endian only
+    raise ImportError("compressors._kernels: big-endian host, the NumPy code runs")
+
+#: Elements per block: the block and its flags stay in L1 while it is scanned twice.
 BLOCK = 2048
 _INT_OF = {np.dtype(np.float16): np.int16, np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
 
@@ -58,6 +65,29 @@ def below_bits(t, *, it) -> int:
     return int(np.array(t).view(it)[()]) if t > 0 else 0
 
 
+@intrinsic
+def _store_u64(typingctx, buf, offset, value):
+    """buf[offset:offset + 8] = the 8 bytes of uint64 ``value`` (little-endian, any alignment) for a
+    uint8 array ``buf``: one store, which numba cannot express (a view per store costs ~100x)."""
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(64).as_pointer())
+        builder.store(args[2], ptr).align = 1
+        return context.get_dummy_value()
+    return types.void(buf, offset, value), codegen
+
+
+# Flag bytes to positions, 8 at a time: a word of 8 flag bytes (each 0 or 1) times _GATHER has flag
+# i as bit i of its top byte, the mask; _PACKED[mask] holds the positions (0-7) of the mask's set
+# bits as bytes, lowest first, and _COUNT[mask] how many there are.
+_GATHER = np.uint64(0x0102040810204080)
+_PACKED = np.array([sum(p << (8 * r) for r, p in enumerate(i for i in range(8) if m >> i & 1))
+                    for m in range(256)], dtype=np.uint64)
+_COUNT = np.array([bin(m).count("1") for m in range(256)], dtype=np.int64)
+_BYTES = np.uint64(0x0101010101010101)
+_SUB = 256   # positions within a sub-block fit a byte
+
+
 @njit(nogil=True, cache=True)
 def scan(bits, start, absmask, tb, hb, idx, vals, band, c, nb):
     """Scan bits[start:] block by block: append each position i with u >= tb to idx and its bits
@@ -65,14 +95,15 @@ def scan(bits, start, absmask, tb, hb, idx, vals, band, c, nb):
 
     Returns (stop, c, nb, umax): it stops early, at a block boundary, when the next block might
     not fit in idx/vals or band (the caller grows them and calls again from ``stop``); umax is
-    the largest u seen. Per block: one vectorised loop (max, flags), then the flagged positions,
-    found word by word (8 flags at a time, skipping empty words) when the previous block was
-    sparse, or with a branch-free append when it was dense.
+    the largest u seen. Per block: one vectorised loop (max, a 0/1 flag per element), then the
+    flagged positions, found 8 flags per step: if the previous block was dense (over 1/32 flagged)
+    without branches (a table lookup and one 8-byte store of packed positions), else by skipping
+    empty words and taking the set flags of the others one by one; then the appends, in order.
     """
     n = bits.shape[0]
     flags = np.zeros(BLOCK, np.uint8)
     words = flags.view(np.uint64)
-    pos = np.empty(BLOCK, np.int32)
+    pos = np.zeros(_SUB + 8, np.uint8)
     umax = absmask & 0
     dense = False
     i = start
@@ -85,29 +116,32 @@ def scan(bits, start, absmask, tb, hb, idx, vals, band, c, nb):
             u = blk[j] & absmask
             umax = max(umax, u)
             flags[j] = u >= tb
-        p = 0
-        if dense:
-            for j in range(m):
-                pos[p] = j
-                p += flags[j]
-        else:
-            for j in range(m, BLOCK):   # only in the last, short block: no stale flags
-                flags[j] = 0
-            for w in range((m + 7) // 8):
-                word = words[w]
-                while word:
-                    pos[p] = 8 * w + (trailing_zeros(word) >> 3)
-                    p += 1
-                    word &= word - np.uint64(1)
-        for q in range(p):
-            j = pos[q]
-            x = blk[j]
-            idx[c] = i + j
-            vals[c] = x
-            band[nb] = c
-            nb += (x & absmask) < hb
-            c += 1
-        dense = p > m // 32
+        for j in range(m, BLOCK):   # only in the last, short block: no stale flags
+            flags[j] = 0
+        c0 = c
+        for s in range(0, m, _SUB):
+            p = 0
+            if dense:
+                for w in range(s // 8, min(s + _SUB, m + 7) // 8):
+                    mask = (words[w] * _GATHER) >> np.uint64(56)
+                    _store_u64(pos, p, _PACKED[mask] + np.uint64(8 * w - s) * _BYTES)
+                    p += _COUNT[mask]
+            else:
+                for w in range(s // 8, min(s + _SUB, m + 7) // 8):
+                    word = words[w]
+                    while word:
+                        pos[p] = 8 * w - s + (trailing_zeros(word) >> 3)
+                        p += 1
+                        word &= word - np.uint64(1)
+            for q in range(p):
+                j = s + pos[q]
+                x = blk[j]
+                idx[c] = i + j
+                vals[c] = x
+                band[nb] = c
+                nb += (x & absmask) < hb
+                c += 1
+        dense = c - c0 > m // 32
         i += m
     return i, c, nb, umax
 
