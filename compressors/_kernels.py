@@ -174,3 +174,93 @@ def drop_then(idx, vals, drop, keep):
         idx[w + j] = tail_i[j]
         vals[w + j] = tail_v[j]
     return w + keep.shape[0]
+
+
+@njit(nogil=True, cache=True)
+def remove_at(idx, vals, drop):
+    """compressors.topk.remove_positions in place: idx and vals without the entries at the distinct
+    positions ``drop`` (any order), the kept entries beyond the new end moving, in order, into the
+    holes, in drop's order; the results are idx[:w] and vals[:w], returns w. Returns -1, changing
+    nothing, if drop has a position out of range or one beyond the new end twice."""
+    n, nd = idx.shape[0], drop.shape[0]
+    last = n - nd
+    gone = np.zeros(nd, np.uint8)   # which of the last nd slots are dropped
+    for d in drop:
+        if d < 0 or d >= n or (d >= last and gone[d - last]):
+            return -1
+        if d >= last:
+            gone[d - last] = 1
+    m = last
+    for d in drop:
+        if d < last:
+            while gone[m - last]:
+                m += 1
+            idx[d] = idx[m]
+            vals[d] = vals[m]
+            m += 1
+    return last
+
+
+@njit(nogil=True, cache=True)
+def _kth_smallest(u, j):
+    """The j-th smallest (0-based) of the non-negative integers u: radix select on 16-bit digits
+    from the top (2 passes over u for float32's bits, 4 for float64's)."""
+    hist = np.zeros(1 << 16, np.int64)
+    shift = max(u.itemsize * 8 - 17, 0)   # the sign bit is 0: 31 (63, 15) bits to resolve
+    width = u.itemsize * 8 - 1 - shift
+    prefix, known = 0, 0                  # the digits fixed so far, and their bits
+    while True:
+        digits = (1 << width) - 1
+        hist[:digits + 1] = 0
+        for v in u:
+            if (v & known) == prefix:
+                hist[(v >> shift) & digits] += 1
+        d = 0
+        while j >= hist[d]:
+            j -= hist[d]
+            d += 1
+        prefix |= d << shift
+        known |= digits << shift
+        if shift == 0:
+            return prefix
+        width = min(16, shift)
+        shift -= width
+
+
+@njit(nogil=True, cache=True)
+def band_pick(bits, band, absmask, infbits, count, top):
+    """With u = |bits[band]| (sign bit cleared): the band entries at the positions that
+    compressors.arrays' ``top_positions(u, count)`` (top) or ``_NumPyOps.bottom(u, count)``
+    (not top) return, in their order: the ``count`` largest, ties at the count-th value to the
+    lowest positions, or the smallest, ties to the highest. Returns (ok, entries); not ok, and
+    nothing done, if u holds a NaN (the float and integer orders differ there) or, for the smallest,
+    unless 0 < count < len(band) (the NumPy code's range)."""
+    nb = band.shape[0]
+    u = np.empty(nb, bits.dtype)
+    for b in range(nb):
+        u[b] = bits[band[b]] & absmask
+    out = np.empty(max(0, min(count, nb)), np.int64)
+    if (nb and u.max() > infbits) or (not top and not 0 < count < nb):
+        return False, out
+    if top and count >= nb:
+        out[:] = band
+        return True, out
+    if count <= 0:
+        return True, out
+    t = _kth_smallest(u, nb - count if top else count - 1)
+    ahead, ties = 0, 0                     # entries strictly beyond t (> for top, < for bottom), at t
+    for v in u:
+        ahead += v > t if top else v < t
+        ties += v == t
+    skip = 0 if top else ties - (count - ahead)   # bottom keeps the last of the ties
+    w, e = 0, 0
+    for b in range(nb):
+        v = u[b]
+        if (v > t) if top else (v < t):
+            out[w] = band[b]
+            w += 1
+        elif v == t:
+            if skip <= e < skip + count - ahead:
+                out[ahead + e - skip] = band[b]
+            e += 1
+    return True, out

@@ -14,7 +14,7 @@ import torch
 
 import compressors.arrays as carrays
 from compressors.arrays import NONFINITE, _above_numpy, above
-from compressors.topk import keep_top, topk_select, without_then
+from compressors.topk import band_pick, keep_top, remove_positions, topk_select, without_then
 
 K = pytest.importorskip("compressors._kernels", reason="numba is not installed")
 B = K.BLOCK
@@ -185,6 +185,61 @@ def test_without_then_same_as_outside_then(no_kernels):
         got = without_then(idx.copy(), vals.copy(), band, keep)
         carrays._KERNELS[:] = [None]
         assert bits(got[0]) == bits(want[0]) and bits(got[1]) == bits(want[1]), trial
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("kind", ["heavy", "ties", "zeros"])
+def test_band_pick_same_as_numpy(dtype, kind, monkeypatch):
+    """The band's count largest (ties to the lowest positions) or smallest (ties to the highest),
+    kernel (radix select) against NumPy (partition), in order, for every count of small bands."""
+    rng = np.random.default_rng(3)
+    vals = gradient(5000, "ties" if kind == "ties" else "heavy", dtype, seed=7)
+    if kind == "zeros":
+        vals[rng.random(5000) < 0.6] = 0
+        vals[::7] = -0.0
+    bands = [np.arange(5000, dtype=np.int64), np.sort(rng.choice(5000, 300, replace=False)),
+             rng.permutation(5000)[:40], np.array([17], np.int64)]
+    for band in bands:
+        nb = band.shape[0]
+        counts = range(-1, nb + 2) if nb <= 40 else [0, 1, 2, nb // 3, nb // 2, nb - 1, nb, nb + 5]
+        for top in (True, False):
+            for count in counts:
+                if not top and not 0 < count < nb:
+                    continue   # the NumPy code's range for the smallest
+                monkeypatch.setattr(carrays, "_KERNELS", [K])
+                got = band_pick(vals, band, count, top=top)
+                monkeypatch.setattr(carrays, "_KERNELS", [None])
+                want = band_pick(vals, band, count, top=top)
+                assert bits(got) == bits(want) and got.dtype == want.dtype, (nb, top, count)
+
+
+def test_band_pick_nan_falls_back():
+    vals = gradient(1000, "heavy", np.float32)
+    vals[10] = np.nan
+    ok, _ = K.band_pick(vals.view(np.int32), np.arange(1000, dtype=np.int64), np.int32(0x7FFFFFFF),
+                        np.int32(0x7F800000), 10, True)
+    assert not ok
+
+
+def test_remove_positions_same_as_numpy(monkeypatch):
+    """remove_at (kernel) against remove_positions' NumPy code: drops in any order, head and tail."""
+    rng = np.random.default_rng(5)
+    c = 3000
+    for trial in range(30):
+        nd = int(rng.integers(0, c + 1))
+        drop = rng.choice(c, nd, replace=False).astype(np.int64)
+        if trial % 3 == 0:
+            drop.sort()
+        idx, vals = rng.permutation(2 * c)[:c].astype(np.int64), rng.standard_normal(c).astype(np.float32)
+        monkeypatch.setattr(carrays, "_KERNELS", [K])
+        got = remove_positions(idx.copy(), vals.copy(), drop)
+        monkeypatch.setattr(carrays, "_KERNELS", [None])
+        want = remove_positions(idx.copy(), vals.copy(), drop)
+        assert bits(got[0]) == bits(want[0]) and bits(got[1]) == bits(want[1]), trial
+    idx, vals = np.arange(10, dtype=np.int64), np.arange(10, dtype=np.int32)
+    for drop in ([9, 9], [3, 10], [-1]):
+        assert K.remove_at(idx, vals, np.array(drop, np.int64)) == -1
+    assert np.array_equal(idx, np.arange(10))
 
 
 def test_drop_then_rejects_bad_positions():
