@@ -1,9 +1,10 @@
-"""Compiled (numba) kernels for the CPU hot loops of exact Top-k: the candidate scan and the
-compaction that drops a selection's band. Importing this module needs numba; callers go through
-:func:`compressors.arrays.kernels`, which returns None without it (then the NumPy code runs).
+"""Compiled (numba) kernels for the CPU hot loops of exact Top-k: the candidate scan (:func:`scan`)
+and keep_top's steps on the candidates (:func:`band_pick`, :func:`drop_then`, :func:`remove_at`).
+Importing this module needs numba; callers go through :func:`compressors.arrays.kernels`, which
+returns None without it (then the NumPy code runs).
 
 Why: the NumPy scan makes five trips through every cache block (abs, max, compare, flatnonzero,
-take) and costs ~4 passes at 10x; these kernels read each element once. Their results are the
+take) and cost ~3.6 passes at 10x; the kernel reads each element once. Their results are the
 NumPy code's bit for bit (tests/test_topk_kernel.py): same positions in the same order, same
 values, same band, same max.
 

@@ -6,7 +6,7 @@ cores are shared every parallel region can stall for a scheduler time slice (mil
 op); NumPy's single-threaded kernels (flatnonzero, argpartition, fancy indexing) are also several
 times faster than torch's CPU equivalents here. CPU tensors are viewed without copying; results
 go back through ``torch.from_numpy``. On other devices the same code runs on torch tensors.
-The hottest loops (the candidate scan of :func:`above`, the band compaction of Top-k) run as
+The hottest loops (the candidate scan of :func:`above`, Top-k's steps on the candidates) run as
 compiled kernels when numba is installed (compressors/_kernels.py), with the same results.
 """
 from __future__ import annotations
