@@ -6,10 +6,13 @@ cores are shared every parallel region can stall for a scheduler time slice (mil
 op); NumPy's single-threaded kernels (flatnonzero, argpartition, fancy indexing) are also several
 times faster than torch's CPU equivalents here. CPU tensors are viewed without copying; results
 go back through ``torch.from_numpy``. On other devices the same code runs on torch tensors.
+The hottest loops (the candidate scan of :func:`above`, Top-k's steps on the candidates) run as
+compiled kernels when numba is installed (compressors/_kernels.py), with the same results.
 """
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -20,6 +23,23 @@ from torch import Tensor
 CHUNK = 1 << 20
 NONFINITE = "gradient contains NaN/Inf values; cannot compress"
 _NP_DTYPES = (torch.float32, torch.float64, torch.float16)
+_KERNELS: list = []   # [compressors._kernels, or None without numba], filled on first use
+
+
+def kernels():
+    """The compiled kernels (compressors/_kernels.py), or None when numba cannot be imported (the
+    NumPy code then runs, with the same results). Imported on first use: most processes that
+    import compressors never scan a large array, and numba costs ~0.1 s to import."""
+    if not _KERNELS:
+        try:
+            from . import _kernels as k
+        except ImportError:
+            k = None
+        except Exception as e:  # numba present but unusable (e.g. no writable cache dir): say so
+            warnings.warn(f"compressors: compiled kernels unavailable ({e!r}); using the NumPy code")
+            k = None
+        _KERNELS.append(k)
+    return _KERNELS[0]
 
 
 def native(x: Tensor):
@@ -193,7 +213,9 @@ def above(a, thr: float, *, strict: bool = False, check: bool = False, abs_sum: 
     With ``check`` raises ValueError on NaN/Inf (from the per-block max, no extra pass). For
     NumPy arrays the scan is cache-blocked: |a| and the mask of a block never leave the cache,
     and the selected positions and values go straight into output arrays sized for ``expect``
-    selected elements (grown if needed), not into per-block pieces joined at the end.
+    selected elements (grown if needed), not into per-block pieces joined at the end. It is the
+    compiled kernel's (one read of each element) unless numba is missing or ``abs_sum`` is asked
+    for (its float64 sum is NumPy's, block by block, whose rounding the kernel would not repeat).
     """
     if not isinstance(a, np.ndarray):
         av = a.abs()
@@ -204,6 +226,44 @@ def above(a, thr: float, *, strict: bool = False, check: bool = False, abs_sum: 
         band = None if hi is None else (av[idx] < hi).nonzero().view(-1)
         total = float(av.sum(dtype=torch.float64)) if abs_sum else math.nan
         return Scan(idx, a[idx], amax, total, band)
+    k = kernels() if a.shape[0] and not abs_sum else None
+    scan = None
+    if k is not None and k.supports(a) and not math.isnan(thr) and (hi is None or not math.isnan(hi)):
+        scan = _above_compiled(k, a, thr, strict, hi, expect)
+    if scan is None:   # no numba, a sum wanted, a NaN seen (or a NaN threshold): the NumPy scan
+        scan = _above_numpy(a, thr, strict, abs_sum, hi, expect)
+    if check and not math.isfinite(scan.absmax):
+        raise ValueError(NONFINITE)
+    return scan
+
+
+def _above_compiled(k, a, thr: float, strict: bool, hi: float | None, expect: int) -> Scan | None:
+    """:func:`above` on a NumPy array with the compiled scan (compressors/_kernels.py), or None when
+    a holds a NaN (the integer compares would select it; the NumPy scan then decides)."""
+    n = a.shape[0]
+    bits, absmask, infbits = k.int_view(a)
+    it = bits.dtype.type
+    tb = it(k.threshold_bits(a.dtype.type(thr), strict=strict, it=it))
+    hb = it(0 if hi is None else k.below_bits(a.dtype.type(hi), it=it))
+    out = _Growing(min(n, max(expect, CHUNK // 16)), a.dtype)
+    band = torch_empty(out.idx.shape[0] if hi is not None else k.BLOCK, np.int64)
+    i, nb, umax = 0, 0, 0
+    while True:
+        i, out.count, nb, m = k.scan(bits, i, absmask, tb, hb, out.idx, out.vals.view(bits.dtype), band, out.count, nb)
+        umax = max(umax, int(m))
+        if i == n:
+            break
+        out.reserve(out.count + k.BLOCK)
+        if nb + k.BLOCK > band.shape[0]:
+            band = np.concatenate([band[:nb], np.empty(max(k.BLOCK, band.shape[0]), dtype=np.int64)])
+    if umax > infbits:
+        return None
+    amax = math.inf if umax == infbits else float(np.array(umax, dtype=bits.dtype).view(a.dtype)[()])
+    return Scan(*out.arrays(), amax, math.nan, band[:nb] if hi is not None else None)
+
+
+def _above_numpy(a, thr: float, strict: bool, abs_sum: bool, hi: float | None, expect: int) -> Scan:
+    """:func:`above` on a NumPy array with NumPy's kernels, block by block (see there)."""
     n = a.shape[0]
     cmp = np.greater if strict else np.greater_equal
     t = a.dtype.type(thr)
@@ -227,8 +287,6 @@ def above(a, thr: float, *, strict: bool = False, check: bool = False, abs_sum: 
                 bands.append(np.flatnonzero(ac[nz] < th) + out.count)
             out.add(nz, off, c)
     amax = float(np.max(maxes))  # np.max propagates NaN, Python's max does not
-    if check and not math.isfinite(amax):
-        raise ValueError(NONFINITE)
     total = float(sum(sums)) if abs_sum else math.nan
     band = None if th is None else _NumPyOps.cat(bands, np.empty(0, np.int64))
     return Scan(*out.arrays(), amax, total, band)
@@ -253,13 +311,17 @@ class _Growing:
     def add(self, nz: np.ndarray, off: int, c: np.ndarray) -> None:
         """Append positions nz + off and values c[nz]."""
         lo, hi = self.count, self.count + nz.shape[0]
-        if hi > self.idx.shape[0]:
-            cap = max(hi, 2 * self.idx.shape[0])
-            self.idx = np.concatenate([self.idx[:lo], np.empty(cap - lo, dtype=np.int64)])
-            self.vals = np.concatenate([self.vals[:lo], np.empty(cap - lo, dtype=self.vals.dtype)])
+        self.reserve(hi)
         np.add(nz, off, out=self.idx[lo:hi])
         np.take(c, nz, out=self.vals[lo:hi])
         self.count = hi
+
+    def reserve(self, need: int) -> None:
+        """Room for ``need`` entries in all (at least doubling the capacity when it grows)."""
+        if need > self.idx.shape[0]:
+            lo, cap = self.count, max(need, 2 * self.idx.shape[0])
+            self.idx = np.concatenate([self.idx[:lo], np.empty(cap - lo, dtype=np.int64)])
+            self.vals = np.concatenate([self.vals[:lo], np.empty(cap - lo, dtype=self.vals.dtype)])
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """The positions and values so far: views, or copies when most of the capacity is unused

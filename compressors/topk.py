@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from .arrays import CHUNK, NONFINITE, above, finite_max, kth_largest, ops, sample_abs, top_positions
+from .arrays import CHUNK, NONFINITE, above, finite_max, kernels, kth_largest, ops, sample_abs, top_positions
 from .base import COMPRESSORS, Compressor, generator
 
 
@@ -32,16 +32,41 @@ def keep_top(idx, vals, k: int, band=None):
     if band is None or c - band.shape[0] > k:  # no band, or the band guess failed
         band = xp.arange(c, idx)
     nb = band.shape[0]
-    bav = xp.abs(vals[band])
     need = k - (c - nb)  # band entries to keep
     if need <= nb - need:  # few to keep: everything outside the band, then the band's best
-        keep = band[top_positions(bav, need)]
+        keep = band_pick(vals, band, need, top=True)
         if nb == c:
             return idx[keep], vals[keep]
-        out = xp.ones_bool(c, idx)
-        out[band] = False
-        return outside_then(idx, out, keep), outside_then(vals, out, keep)
-    return remove_positions(idx, vals, band[xp.bottom(bav, nb - need)])
+        return without_then(idx, vals, band, keep)
+    return remove_positions(idx, vals, band_pick(vals, band, nb - need, top=False))
+
+
+def band_pick(vals, band, count: int, *, top: bool):
+    """The band entries (positions into vals) of the ``count`` largest |vals[band]| (top: ties at
+    the count-th to the lowest positions, see top_positions) or of the smallest (ties to the
+    highest): with the compiled kernel when there is one, else NumPy's partition."""
+    k = kernels() if isinstance(vals, np.ndarray) else None
+    if k is not None and k.supports(vals):
+        bits, absmask, infbits = k.int_view(vals)
+        ok, got = k.band_pick(bits, band, absmask, infbits, count, top)
+        if ok:
+            return got
+    bav = ops(vals).abs(vals[band])
+    return band[top_positions(bav, count) if top else ops(vals).bottom(bav, count)]
+
+
+def without_then(idx, vals, band, keep):
+    """idx and vals without the entries at positions ``band``, followed by those at ``keep`` (a
+    subset of band), in the inputs' memory: with the compiled kernel when band is ascending (as a
+    scan returns it), else via :func:`outside_then`."""
+    k = kernels() if isinstance(idx, np.ndarray) else None
+    if k is not None and k.supports(vals):
+        e = k.drop_then(idx, k.int_view(vals)[0], band, keep)
+        if e >= 0:
+            return idx[:e], vals[:e]
+    out = ops(idx).ones_bool(idx.shape[0], idx)
+    out[band] = False
+    return outside_then(idx, out, keep), outside_then(vals, out, keep)
 
 
 def outside_then(v, mask, keep):
@@ -62,6 +87,11 @@ def outside_then(v, mask, keep):
 
 def remove_positions(idx, vals, drop):
     """idx and vals without the entries at the distinct positions ``drop``; order not kept."""
+    k = kernels() if isinstance(idx, np.ndarray) else None
+    if k is not None and k.supports(vals):
+        last = k.remove_at(idx, k.int_view(vals)[0], drop)
+        if last >= 0:
+            return idx[:last], vals[:last]
     xp = ops(idx)
     last = idx.shape[0] - drop.shape[0]
     in_head = drop < last
