@@ -653,18 +653,36 @@ def test_compress_bench_quick(tmp_path):
     assert {r["alloc"] for r in rows} == {"steady"} and all(r["page_faults"] != "" for r in rows)
 
 
+_FAULTS = """
+import resource, sys, torch
+sys.path.insert(0, sys.argv[2])
+from bench.compress_bench import allocator
+x = torch.randn(12_000_000)
+with allocator(sys.argv[1]):
+    x.abs().sum()                                    # warm-up: the heap reaches its peak
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        x.abs().sum()                                # a 48 MB temporary per call
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+"""
+
+
 def test_compress_bench_steady_allocator_removes_page_faults(tmp_path):
     """--alloc steady (the default) keeps freed memory mapped, so a 48 MB temporary stops faulting;
-    --alloc fresh (glibc's defaults) faults on it every call (>= 24 even with 2 MB huge pages).
-    Separate processes: the allocator setting is process-wide."""
+    with glibc's defaults (--alloc fresh) it faults on every call (about 11.7k 4 KB pages; >= 24
+    even with 2 MB huge pages). Measured on the unit itself, 20 passes, in separate processes (the
+    setting is process-wide): on a loaded host memory compaction adds a few hundred faults to any
+    mode, which made a threshold on the benchmark's own small cases flaky. The CLI records its mode."""
     faults = {}
     for mode in ("steady", "fresh"):
+        r = subprocess.run([sys.executable, "-c", _FAULTS, mode, str(ROOT)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        faults[mode] = int(r.stdout)
         out = tmp_path / f"{mode}.csv"
         r = subprocess.run([sys.executable, str(ROOT / "bench" / "compress_bench.py"), "--alloc", mode, "--compressors",
-                            "fp16", "--dists", "heavy", "--numel", "12000000", "--cfs", "1000", "--repeats", "2",
+                            "fp16", "--dists", "heavy", "--numel", "100000", "--cfs", "1000", "--repeats", "1",
                             "--no-reference", "--out", str(out)], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         (row,) = [r for r in csv.DictReader(out.open()) if r["kind"] == "quantize"]
-        assert row["alloc"] == mode
-        faults[mode] = int(row["page_faults"])
-    assert faults["steady"] < 20 <= faults["fresh"], faults
+        assert row["alloc"] == mode and int(row["page_faults"]) >= 0
+    assert faults["fresh"] >= 20 * 24 and faults["steady"] * 5 < faults["fresh"], faults
