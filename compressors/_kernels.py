@@ -21,7 +21,8 @@ Serial and compiled with ``nogil``, like the NumPy code they replace: no threads
 suite runs one thread per worker process, forks and spawns workers, and numba's parallel layers
 bring thread pools of their own). ``cache=True`` keeps the machine code in this package's
 ``__pycache__`` (numba's user cache dir when that is read-only): the first Top-k in a fresh clone
-compiles for ~2.5 s (per dtype), later processes load the code in ~0.5 s (numba's start-up).
+compiles for 2.5-4.3 s (per dtype; idle and loaded 2-core host), later processes load the code in
+0.5-0.7 s (numba's start-up).
 """
 from __future__ import annotations
 

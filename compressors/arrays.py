@@ -42,6 +42,13 @@ def kernels():
     return _KERNELS[0]
 
 
+def kernels_for(a):
+    """The compiled kernels if they take ``a`` (a 1-D NumPy array of a float dtype they know),
+    else None: the one test every caller makes before using them."""
+    k = kernels() if isinstance(a, np.ndarray) else None
+    return k if k is not None and k.supports(a) else None
+
+
 def native(x: Tensor):
     """What the algorithms run on: a zero-copy NumPy view of a CPU tensor (NumPy dtypes), else x."""
     if x.device.type == "cpu" and x.dtype in _NP_DTYPES:
@@ -226,9 +233,9 @@ def above(a, thr: float, *, strict: bool = False, check: bool = False, abs_sum: 
         band = None if hi is None else (av[idx] < hi).nonzero().view(-1)
         total = float(av.sum(dtype=torch.float64)) if abs_sum else math.nan
         return Scan(idx, a[idx], amax, total, band)
-    k = kernels() if a.shape[0] and not abs_sum else None
+    k = kernels_for(a) if a.shape[0] and not abs_sum else None
     scan = None
-    if k is not None and k.supports(a) and not math.isnan(thr) and (hi is None or not math.isnan(hi)):
+    if k is not None and not math.isnan(thr) and (hi is None or not math.isnan(hi)):
         scan = _above_compiled(k, a, thr, strict, hi, expect)
     if scan is None:   # no numba, a sum wanted, a NaN seen (or a NaN threshold): the NumPy scan
         scan = _above_numpy(a, thr, strict, abs_sum, hi, expect)

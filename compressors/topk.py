@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from .arrays import CHUNK, NONFINITE, above, finite_max, kernels, kth_largest, ops, sample_abs, top_positions
+from .arrays import CHUNK, NONFINITE, above, finite_max, kernels_for, kth_largest, ops, sample_abs, top_positions
 from .base import COMPRESSORS, Compressor, generator
 
 
@@ -45,8 +45,8 @@ def band_pick(vals, band, count: int, *, top: bool):
     """The band entries (positions into vals) of the ``count`` largest |vals[band]| (top: ties at
     the count-th to the lowest positions, see top_positions) or of the smallest (ties to the
     highest): with the compiled kernel when there is one, else NumPy's partition."""
-    k = kernels() if isinstance(vals, np.ndarray) else None
-    if k is not None and k.supports(vals):
+    k = kernels_for(vals)
+    if k is not None:
         bits, absmask, infbits = k.int_view(vals)
         ok, got = k.band_pick(bits, band, absmask, infbits, count, top)
         if ok:
@@ -59,8 +59,8 @@ def without_then(idx, vals, band, keep):
     """idx and vals without the entries at positions ``band``, followed by those at ``keep`` (a
     subset of band), in the inputs' memory: with the compiled kernel when band is ascending (as a
     scan returns it), else via :func:`outside_then`."""
-    k = kernels() if isinstance(idx, np.ndarray) else None
-    if k is not None and k.supports(vals):
+    k = kernels_for(vals)
+    if k is not None:
         e = k.drop_then(idx, k.int_view(vals)[0], band, keep)
         if e >= 0:
             return idx[:e], vals[:e]
@@ -87,8 +87,8 @@ def outside_then(v, mask, keep):
 
 def remove_positions(idx, vals, drop):
     """idx and vals without the entries at the distinct positions ``drop``; order not kept."""
-    k = kernels() if isinstance(idx, np.ndarray) else None
-    if k is not None and k.supports(vals):
+    k = kernels_for(vals)
+    if k is not None:
         last = k.remove_at(idx, k.int_view(vals)[0], drop)
         if last >= 0:
             return idx[:last], vals[:last]

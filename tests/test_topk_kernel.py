@@ -3,6 +3,7 @@ arrays bit for bit (positions, their order, values, band, max), the same errors,
 code when numba is missing."""
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import sys
@@ -22,10 +23,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = [1, 7, B - 1, B, B + 1, 3 * B + 5, 50_003]
 
 
-@pytest.fixture
-def no_kernels(monkeypatch):
-    """The NumPy code, as without numba."""
-    monkeypatch.setattr(carrays, "_KERNELS", [None])
+@contextlib.contextmanager
+def kernels_set(k):
+    """Run the block with the compiled kernels (K) or the NumPy code (None), restoring the
+    setting even when the block fails (else later comparisons would be NumPy against NumPy)."""
+    saved = carrays._KERNELS[:]
+    carrays._KERNELS[:] = [k]
+    try:
+        yield
+    finally:
+        carrays._KERNELS[:] = saved
 
 
 def gradient(n: int, kind: str, dtype, seed: int = 0) -> np.ndarray:
@@ -123,12 +130,8 @@ def test_scan_abs_sum_stays_numpy():
 
 def topk_both(a: np.ndarray, k: int, **kw):
     new = topk_select(a.copy(), k, **kw)
-    saved = carrays._KERNELS[:]
-    carrays._KERNELS[:] = [None]
-    try:
+    with kernels_set(None):
         old = topk_select(a.copy(), k, **kw)
-    finally:
-        carrays._KERNELS[:] = saved
     return new, old
 
 
@@ -169,7 +172,7 @@ def test_topk_nonfinite_raises():
         topk_select(a, 7000, check=True, exact_below=0)
 
 
-def test_without_then_same_as_outside_then(no_kernels):
+def test_without_then_same_as_outside_then():
     """drop_then (kernel) against outside_then (NumPy): band ascending, unsorted (falls back), empty."""
     rng = np.random.default_rng(0)
     c = 10_000
@@ -180,10 +183,10 @@ def test_without_then_same_as_outside_then(no_kernels):
         if trial % 5 == 4:
             band = band[::-1].copy()
         idx, vals = rng.permutation(3 * c)[:c].astype(np.int64), rng.standard_normal(c).astype(np.float32)
-        want = without_then(idx.copy(), vals.copy(), band, keep)
-        carrays._KERNELS[:] = [K]
-        got = without_then(idx.copy(), vals.copy(), band, keep)
-        carrays._KERNELS[:] = [None]
+        with kernels_set(None):
+            want = without_then(idx.copy(), vals.copy(), band, keep)
+        with kernels_set(K):
+            got = without_then(idx.copy(), vals.copy(), band, keep)
         assert bits(got[0]) == bits(want[0]) and bits(got[1]) == bits(want[1]), trial
 
 
@@ -258,10 +261,8 @@ def test_keep_top_unsorted_band_falls_back():
     order = np.argsort(-np.abs(vals), kind="stable")
     band = order[900:].copy()   # the 100 smallest may be dropped, in decreasing order of magnitude
     got = keep_top(np.arange(1000, dtype=np.int64), vals.copy(), 910, band)
-    saved = carrays._KERNELS[:]
-    carrays._KERNELS[:] = [None]
-    want = keep_top(np.arange(1000, dtype=np.int64), vals.copy(), 910, band)
-    carrays._KERNELS[:] = saved
+    with kernels_set(None):
+        want = keep_top(np.arange(1000, dtype=np.int64), vals.copy(), 910, band)
     assert bits(got[0]) == bits(want[0]) and bits(got[1]) == bits(want[1])
 
 
