@@ -1,5 +1,7 @@
 """Compiled (numba) kernels for the CPU hot loops of exact Top-k: the candidate scan (:func:`scan`)
-and keep_top's steps on the candidates (:func:`band_pick`, :func:`drop_then`, :func:`remove_at`).
+and keep_top's steps on the candidates (:func:`band_pick`, :func:`drop_then`, :func:`remove_at`);
+the quantizers' kernels live in compressors/_qkernels.py and are re-exported here (one module,
+one import test, for :func:`compressors.arrays.kernels`).
 Importing this module needs numba; callers go through :func:`compressors.arrays.kernels`, which
 returns None without it (then the NumPy code runs).
 
@@ -36,6 +38,8 @@ from numba.extending import intrinsic
 
 if sys.byteorder != "little":   # the flag packing below reads bytes of words: little-endian only
     raise ImportError("compressors._kernels: big-endian host, the NumPy code runs")
+
+from ._qkernels import affine_encode, decode_codes, sign_pack  # noqa: E402,F401  (the quantizers')
 
 #: Elements per block: the block and its flags stay in L1 while it is scanned twice.
 BLOCK = 2048

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import COMPRESSORS, CompressorCfg
-from .packed import Quantizer, finite, cf_option, group_scale, pack
+from .packed import Quantizer, finite, cf_option, group_scale, sign_bits
 from gravac.core.registry import option
 
 
@@ -39,7 +39,7 @@ class EFSignSGD(Quantizer):
 
     def _encode(self, a, lens, seed, check):
         scale = finite(group_scale(a, lens, "mean").astype(np.float32), check)
-        return pack(np.greater_equal(a, 0).view(np.uint8), 1), scale
+        return sign_bits(a), scale
 
     def _affine(self, scales):
         return 2 * scales, None                # (b - 1/2) * 2m = +-m

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .arrays import NONFINITE
+from .arrays import NONFINITE, kernels_for
 from .base import Compressor, CompressorCfg, generator, mix_seed, validate
 from gravac.core.registry import option
 
@@ -83,6 +83,22 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     w &= 0x000F000F
     w |= w >> 12
     return w.astype(np.uint8)
+
+
+def sign_bits(a: np.ndarray) -> np.ndarray:
+    """The bits a >= 0 (NaN: 0) of float array a packed at 1 bit (see pack): EF-SignSGD's codes.
+    With numba the kernel ``sign_pack`` (compressors/_qkernels.py) writes the bytes straight from
+    a, on the module's threads (one read, no byte-per-element temporary); same bytes."""
+    k = quant_kernels(a)
+    if k is None:
+        return pack(np.greater_equal(a, 0).view(np.uint8), 1)
+    out = np.empty(-(-a.shape[0] // 8), dtype=np.uint8)
+
+    def part(blocks):
+        if blocks:
+            k.sign_pack(a, blocks[0][0], blocks[-1][1], out)
+    in_parts(kernel_blocks(a.shape[0]), part)
+    return out
 
 
 def unpack(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
@@ -230,14 +246,23 @@ def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, 
     bits keep their weight), truncated to int32 and shifted right by 16. Codes a float rounding
     outside [0, top] are clipped. Runs in blocks of about BLOCK elements (cache-resident
     temporaries, each block packed before it leaves the cache); block b of the dither is the
-    stream's next (block length) 16-bit integers."""
+    stream's next (block length) 16-bit integers.
+
+    With numba, the compiled kernel ``affine_encode`` (compressors/_qkernels.py) does each block's
+    element work in one read (same float32 operations, same bytes); else the NumPy code below."""
     n, scale = a.shape[0], 65536.0 if seed is not None else 1.0
-    m = Spread((mult * scale).astype(np.float32), lens, n)
-    sh = Spread(shift.astype(np.float32), lens, n) if shift is not None else None
+    mult32 = (mult * scale).astype(np.float32)
+    shift32 = shift.astype(np.float32) if shift is not None else None
     s0 = dither_seed(seed, salt) if seed is not None else None
     plus = np.float32(add * scale + 0.5)
     per = 8 // bits
     out = np.empty(-(-n // per), dtype=np.uint8)
+    k = quant_kernels(a)
+    if k is not None:
+        _affine_kernel(k, a, group_starts(lens), mult32, shift32, s0, plus, top, bits, out)
+        return out
+    m = Spread(mult32, lens, n)
+    sh = Spread(shift32, lens, n) if shift is not None else None
 
     def part(blocks):
         if not blocks:
@@ -271,6 +296,46 @@ def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, 
                 out[lo // per:-(-hi // per)] = pack(c, bits)
     in_parts(m.blocks(n), part)
     return out
+
+
+def quant_kernels(a: np.ndarray):
+    """The compiled kernels (compressors/_qkernels.py, through arrays.kernels_for) if they take
+    ``a``: a contiguous 1-D float32 NumPy array (what Quantizer.quantize hands on); else None."""
+    k = kernels_for(a)
+    return k if k is not None and a.dtype == np.float32 and a.flags.c_contiguous else None
+
+
+def group_starts(lens: np.ndarray) -> np.ndarray:
+    """Group bounds of the flat tensor: 0, then each group's end (int64, groups + 1 entries)."""
+    starts = np.zeros(lens.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lens, out=starts[1:])
+    return starts
+
+
+def kernel_blocks(n: int) -> list[tuple[int, int]]:
+    """Blocks [lo, hi) of BLOCK elements (the last shorter) for the kernels' thread split; BLOCK
+    is a multiple of 8, so every block starts on a whole byte of codes and a whole dither word."""
+    return [(lo, min(n, lo + BLOCK)) for lo in range(0, n, BLOCK)]
+
+
+def _affine_kernel(k, a, starts, mult32, shift32, s0, plus, top, bits, out) -> None:
+    """affine_codes' blocks through the kernel: one call per run of blocks for nearest rounding,
+    one per block with the dither (its 64-bit words drawn as the NumPy code draws them: a part's
+    stream advanced to its first block, then each block's next (length + 3) // 4 words)."""
+    n = a.shape[0]
+
+    def part(blocks):
+        if not blocks:
+            return
+        if s0 is None:
+            k.affine_encode(a, blocks[0][0], blocks[-1][1], starts, mult32, shift32, None, plus, top, bits, out)
+            return
+        bg = np.random.PCG64(s0)
+        bg.advance(blocks[0][0] // 4)
+        for lo, hi in blocks:
+            raw = bg.random_raw((hi - lo + 3) // 4).view(np.uint16)
+            k.affine_encode(a, lo, hi, starts, mult32, shift32, raw, plus, top, bits, out)
+    in_parts(kernel_blocks(n), part)
 
 
 #: Below this many elements the blocked loops run on the calling thread only.
@@ -576,12 +641,26 @@ class Quantizer(Compressor):
                             lens, x.dtype, x.device)
 
     def decode(self, p: QuantPayload) -> Tensor:
-        """The dense tensor p stands for: (code - offset) * step + base per group, in blocks."""
+        """The dense tensor p stands for: (code - offset) * step + base per group, in blocks: with
+        numba by the kernel ``decode_codes`` (compressors/_qkernels.py; same float32 roundings,
+        same values), else by the NumPy code below."""
         n = p.numel
         step, base = self._affine(p.scales)
+        out = np.empty(n, dtype=np.float32)
+        k = quant_kernels(out)
+        codes = p.codes
+        if k is not None and isinstance(codes, np.ndarray) and codes.dtype == np.uint8 and codes.flags.c_contiguous:
+            starts, step32 = group_starts(p.lens), step.astype(np.float32)
+            base32 = base.astype(np.float32) if base is not None else None
+
+            def run(blocks):
+                if blocks:
+                    k.decode_codes(codes, self.bits, self.offset, starts, step32, base32,
+                                   blocks[0][0], blocks[-1][1], out)
+            in_parts(kernel_blocks(n), run)
+            return torch.from_numpy(out).to(device=p.device, dtype=p.dtype)
         st = Spread(step.astype(np.float32), p.lens, n)
         bs = Spread(base.astype(np.float32), p.lens, n) if base is not None else None
-        out = np.empty(n, dtype=np.float32)
         per, blocks = 8 // self.bits, st.blocks(n)
         lut = code_table(self.bits, np.float32, self.offset)   # byte -> its codes minus the offset
         if st.kind == "one" and per > 2:    # one group: the table holds the decoded values (same roundings)
