@@ -39,7 +39,8 @@ from numba.extending import intrinsic
 if sys.byteorder != "little":   # the flag packing below reads bytes of words: little-endian only
     raise ImportError("compressors._kernels: big-endian host, the NumPy code runs")
 
-from ._qkernels import affine_encode, decode_codes, sign_pack  # noqa: E402,F401  (the quantizers')
+from ._qkernels import (abs_chunk_sums, affine_encode, decode_codes, group_sums, ordered_sum,  # noqa: E402,F401
+                        pcg64_fill, pcg64_state, row_abs_sums, sign_pack, sign_pack_abs_sums)  # (the quantizers' kernels)
 
 #: Elements per block: the block and its flags stay in L1 while it is scanned twice.
 BLOCK = 2048

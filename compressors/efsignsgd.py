@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import COMPRESSORS, CompressorCfg
-from .packed import Quantizer, finite, cf_option, group_scale, sign_bits
+from .packed import Quantizer, finite, cf_option, encode_with, group_scale, sign_bits_abs_sum
 from gravac.core.registry import option
 
 
@@ -37,9 +37,16 @@ class EFSignSGD(Quantizer):
     def __init__(self, *, bucket: int = 0, check_finite: bool = True) -> None:
         super().__init__(bucket=bucket, check_finite=check_finite)
 
+    def _params(self, a, lens, check, rows=None):
+        """Each group's (float32 mean |x|, no multiplier, no shift): the codes are the signs."""
+        return finite(group_scale(a, lens, "mean", rows).astype(np.float32), check), None, None
+
     def _encode(self, a, lens, seed, check):
-        scale = finite(group_scale(a, lens, "mean").astype(np.float32), check)
-        return sign_bits(a), scale
+        if lens.shape[0] == 1:          # one scale per tensor: with the kernels, signs and sum in one read
+            both = sign_bits_abs_sum(a)
+            if both is not None:
+                return both[0], finite((np.array([both[1]]) / lens).astype(np.float32), check)
+        return encode_with(self, a, lens, seed, check)
 
     def _affine(self, scales):
         return 2 * scales, None                # (b - 1/2) * 2m = +-m

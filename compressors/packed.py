@@ -35,12 +35,16 @@ are), its codes packed from a fresh byte, its stochastic rounding from ``mix_see
 wire format is the pieces' wire formats one after another, so its size follows from the layout and
 the widths alone (``segment_bytes``), the same on every worker that uses the same widths.
 
-The arithmetic is NumPy on the CPU: a tensor on another device is copied to the CPU and the
-decoded tensor back (no device kernels yet).
+The arithmetic is on the CPU: a tensor on another device is copied to the CPU and the decoded
+tensor back (no device kernels yet). With numba installed the element loops, the float64 scale
+sums and the dither stream run as compiled kernels (compressors/_qkernels.py, through
+arrays.kernels_for), bucketed scales and codes in one read of the tensor (``fused_encode``);
+the results are the NumPy code's bit for bit, and the NumPy code runs without numba.
 """
 from __future__ import annotations
 
 from abc import abstractmethod
+from concurrent.futures import wait
 from dataclasses import fields
 
 import numpy as np
@@ -99,6 +103,25 @@ def sign_bits(a: np.ndarray) -> np.ndarray:
             k.sign_pack(a, blocks[0][0], blocks[-1][1], out)
     in_parts(kernel_blocks(a.shape[0]), part)
     return out
+
+
+def sign_bits_abs_sum(a: np.ndarray):
+    """(sign_bits(a), the float64 sum of |a| as ``np.abs(a[None]).sum(axis=1, dtype=np.float64)``
+    gives it) in one read of a, or None without the kernels or for a shorter than a NumPy buffer:
+    EF-SignSGD with one scale per tensor (its mean |x|) needs both, and a second read of a
+    large tensor costs as much as the first."""
+    k, buf = quant_kernels(a), np.getbufsize()
+    n = a.shape[0]
+    if k is None or n <= buf or BLOCK % buf or buf % 8:
+        return None
+    out = np.empty(-(-n // 8), dtype=np.uint8)
+    sums = np.empty(-(-n // buf), dtype=np.float64)
+
+    def part(blocks):       # blocks start at multiples of BLOCK, so of buf and 8
+        if blocks:
+            k.sign_pack_abs_sums(a, blocks[0][0], blocks[-1][1], buf, sums, out)
+    in_parts(kernel_blocks(n), part)
+    return out, k.ordered_sum(sums)
 
 
 def unpack(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
@@ -202,8 +225,21 @@ def group_reduce(ufunc, a: np.ndarray, lens: np.ndarray, pre=None):
     (np.square, np.abs); ``ufunc`` may be a tuple of ufuncs (one result each, one read of a).
     Groups of at most BLOCK elements go in blocks of whole groups on the module's threads, the
     transform staying in cache; each group is still one reduceat segment, so the result is the
-    one of a single reduceat over the whole array."""
+    one of a single reduceat over the whole array.
+
+    Sums of np.square or np.abs of float32 a go to the kernel ``group_sums`` when numba is there
+    (compressors/_qkernels.py: reduceat's summation order, the same float64 bits, no float64
+    temporary)."""
     funcs = ufunc if isinstance(ufunc, tuple) else (ufunc,)
+    k = quant_kernels(a) if ufunc is np.add and (pre is np.square or pre is np.abs) else None
+    if k is not None:
+        bounds, sums = group_starts(lens), np.empty(lens.shape[0], dtype=np.float64)
+
+        def run(blocks):
+            for g0, g1 in blocks:
+                k.group_sums(a, bounds, g0, g1, pre is np.square, sums)
+        in_parts(group_blocks(lens.shape[0], int(lens.max())), run, a.shape[0])
+        return sums
     starts = np.zeros(lens.shape[0], dtype=np.int64)
     np.cumsum(lens[:-1], out=starts[1:])
     if a.shape[0] < PARALLEL_MIN or int(lens.max()) > BLOCK:
@@ -319,23 +355,97 @@ def kernel_blocks(n: int) -> list[tuple[int, int]]:
 
 
 def _affine_kernel(k, a, starts, mult32, shift32, s0, plus, top, bits, out) -> None:
-    """affine_codes' blocks through the kernel: one call per run of blocks for nearest rounding,
-    one per block with the dither (its 64-bit words drawn as the NumPy code draws them: a part's
-    stream advanced to its first block, then each block's next (length + 3) // 4 words)."""
+    """affine_codes' blocks through the kernel, one call per thread's run of blocks. The dither:
+    NumPy's PCG64 seeded and advanced to the run's start (as the NumPy code does), whose state the
+    kernel steps on (``pcg64_fill``: the words random_raw would return, in the same order)."""
     n = a.shape[0]
 
     def part(blocks):
         if not blocks:
             return
-        if s0 is None:
-            k.affine_encode(a, blocks[0][0], blocks[-1][1], starts, mult32, shift32, None, plus, top, bits, out)
-            return
-        bg = np.random.PCG64(s0)
-        bg.advance(blocks[0][0] // 4)
-        for lo, hi in blocks:
-            raw = bg.random_raw((hi - lo + 3) // 4).view(np.uint16)
-            k.affine_encode(a, lo, hi, starts, mult32, shift32, raw, plus, top, bits, out)
+        rng = None
+        if s0 is not None:
+            bg = np.random.PCG64(s0)
+            bg.advance(blocks[0][0] // 4)
+            rng = k.pcg64_state(bg)
+        k.affine_encode(a, blocks[0][0], blocks[-1][1], starts, mult32, shift32, rng, plus, top, bits, out)
     in_parts(kernel_blocks(n), part)
+
+
+#: Longest group fused_encode takes. NumPy's buffered row sums (einsum, sums with a dtype) cut
+#: longer rows at buffer (np.getbufsize(): 8192) boundaries that depend on where the call starts:
+#: a run of rows could then sum a row in another order than the whole tensor's call did.
+FUSE_MAX = 8192
+#: Elements per run of whole groups in fused_encode (its scales and codes, while in cache).
+FUSE_RUN = 4 * BLOCK
+
+
+def encode_with(q, a: np.ndarray, lens: np.ndarray, seed: int | None, check: bool, *, add: float = 0.0,
+                top: int = 0, salt: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A quantizer's (codes, scales): ``q._params`` gives each group's (scales, mult, shift) and the
+    codes are affine_codes(mult, add, top, shift), or the sign bits for 1-bit ``q`` (EF-SignSGD).
+    With the kernels and groups of at most FUSE_MAX elements, fused_encode (the scales and codes of
+    a run of groups in one read from memory); else the scales of the whole tensor, then its codes."""
+    seed = seed if q.stochastic else None
+    k = quant_kernels(a)
+    if k is not None and lens.shape[0] > 1 and int(lens.max()) <= min(FUSE_MAX, np.getbufsize()):
+        return fused_encode(k, q, a, lens, seed, check, add=add, top=top, salt=salt)
+    scales, mult, shift = q._params(a, lens, check)
+    if q.bits == 1:
+        return sign_bits(a), scales
+    return affine_codes(a, lens, mult, add, top, seed=seed, salt=salt, shift=shift, bits=q.bits), scales
+
+
+def fused_encode(k, q, a, lens, seed, check, *, add, top, salt) -> tuple[np.ndarray, np.ndarray]:
+    """encode_with's codes and scales, the same bytes, by runs of about FUSE_RUN elements of whole
+    groups: a run's scales by ``q._params`` on the run (the NumPy route the whole tensor takes,
+    kept by ``rows``: every group's scale is reduced alone, so it does not depend on the run),
+    then the codes up to the run's last multiple of 8 by the kernel, while the run is in cache.
+
+    Each thread's part starts at a multiple of 8 (its dither stream advanced there) and computes
+    the scales of the group it starts in too (a group two parts share: both write the same values).
+    """
+    n, G = a.shape[0], lens.shape[0]
+    starts = group_starts(lens)
+    rows = grouped(a, lens).ndim == 2
+    scale = 65536.0 if seed is not None else 1.0
+    plus = np.float32(add * scale + 0.5)
+    s0 = dither_seed(seed, salt) if seed is not None else None
+    out = np.empty(-(-n // (8 // q.bits)), dtype=np.uint8)
+    scales = np.empty((G, q.scale_count) if q.scale_count > 1 else G, dtype=np.float32)
+    mult32 = np.empty(G, dtype=np.float32)
+    shift32 = np.empty(G, dtype=np.float32) if q.shifted else None
+
+    def part(blocks):
+        if not blocks:
+            return
+        p0, p1 = blocks[0][0], blocks[-1][1]
+        rng = None
+        if s0 is not None:
+            bg = np.random.PCG64(s0)
+            bg.advance(p0 // 4)
+            rng = k.pcg64_state(bg)
+        g0 = int(np.searchsorted(starts, p0, side="right")) - 1
+        c = p0
+        while c < p1:
+            g1 = min(G, max(g0 + 1, int(np.searchsorted(starts, starts[g0] + FUSE_RUN, side="right")) - 1))
+            lo, hi = int(starts[g0]), int(starts[g1])
+            sc, mu, sh = q._params(a[lo:hi], lens[g0:g1], check, rows)
+            scales[g0:g1] = sc
+            if mu is not None:
+                mult32[g0:g1] = (mu * scale).astype(np.float32)
+            if sh is not None:
+                shift32[g0:g1] = sh.astype(np.float32)
+            end = min(p1, hi if g1 == G else hi - hi % 8)
+            if end > c:
+                if q.bits == 1:
+                    k.sign_pack(a, c, end, out)
+                else:
+                    k.affine_encode(a, c, end, starts, mult32, shift32, rng, plus, top, q.bits, out)
+                c = end
+            g0 = g1
+    in_parts(kernel_blocks(n), part)
+    return out, scales
 
 
 #: Below this many elements the blocked loops run on the calling thread only.
@@ -354,7 +464,9 @@ def in_parts(blocks: list, fn, n: int | None = None) -> None:
         return
     pool = _pool(k)
     cut = [round(i * len(blocks) / k) for i in range(k + 1)]
-    for f in [pool.submit(fn, blocks[cut[i]:cut[i + 1]]) for i in range(k)]:
+    futures = [pool.submit(fn, blocks[cut[i]:cut[i + 1]]) for i in range(k)]
+    wait(futures)               # all parts end before an error is raised (none runs on afterwards)
+    for f in futures:
         f.result()
 
 
@@ -522,6 +634,7 @@ class Quantizer(Compressor):
     stochastic: bool = False
     segmented = True    # Layerwise hands the whole tensor and its layer sizes to quantize()
     scale_count = 1     # float32 scales per group
+    shifted = False     # _params gives a per-group shift (added before the multiplier)
     widths: tuple = ()  # code widths at_width() can set (empty: one width, nothing to choose)
 
     def __init__(self, *, bucket: int = 0, check_finite: bool = True) -> None:
@@ -726,9 +839,19 @@ def by_rows(fn, g: np.ndarray, exact_combine=None) -> np.ndarray:
     return exact_combine.reduce(np.stack(list(pool.map(lambda i: fn(g[:, cut[i]:cut[i + 1]]), range(k)))), axis=0)
 
 
-def group_min_max(a: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-group (min, max) of a (float32), threaded where the groups allow (see by_rows)."""
-    g = grouped(a, lens)
+def laid_out(a: np.ndarray, lens: np.ndarray, rows: bool | None) -> np.ndarray:
+    """grouped(a, lens), or with ``rows`` given a as (groups, length) rows (True) or flat (False):
+    how the whole tensor's groups were laid out, for a run of its groups (fused_encode), so the
+    run's scales take the NumPy route the whole tensor's took."""
+    if rows is None:
+        return grouped(a, lens)
+    return a.reshape(lens.shape[0], -1) if rows else a
+
+
+def group_min_max(a: np.ndarray, lens: np.ndarray, rows: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-group (min, max) of a (float32), threaded where the groups allow (see by_rows); ``rows``:
+    see laid_out."""
+    g = laid_out(a, lens, rows)
     if g.ndim == 1:
         return group_reduce((np.minimum, np.maximum), a, lens)
     if g.shape[0] < min(torch.get_num_threads(), 8) or g.shape[1] > BLOCK:   # few long groups
@@ -743,9 +866,10 @@ def group_min_max(a: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return lo, hi
 
 
-def group_scale(a: np.ndarray, lens: np.ndarray, kind: str) -> np.ndarray:
-    """Per-group float64 L2 norm ('l2'), max |a| ('max') or mean |a| ('mean') of float32 a."""
-    g = grouped(a, lens)
+def group_scale(a: np.ndarray, lens: np.ndarray, kind: str, rows: bool | None = None) -> np.ndarray:
+    """Per-group float64 L2 norm ('l2'), max |a| ('max') or mean |a| ('mean') of float32 a;
+    ``rows``: see laid_out."""
+    g = laid_out(a, lens, rows)
     if kind == "l2":
         if g.ndim == 2 and g.shape[1] <= 1 << 16:   # float32 sums of short rows: accurate enough
             out = np.sqrt(by_rows(lambda v: np.einsum("ij,ij->i", v, v), g).astype(np.float64))
@@ -755,13 +879,40 @@ def group_scale(a: np.ndarray, lens: np.ndarray, kind: str) -> np.ndarray:
             out = np.sqrt(group_reduce(np.add, a, lens, pre=np.square))
         return out
     if kind == "max":
-        lo, hi = group_min_max(a, lens)
+        lo, hi = group_min_max(a, lens, g.ndim == 2)
         return np.maximum(hi.astype(np.float64), -lo.astype(np.float64))
     if kind == "mean":
-        s = by_rows(lambda v: np.abs(v).sum(axis=1, dtype=np.float64), g) if g.ndim == 2 else \
-            group_reduce(np.add, a, lens, pre=np.abs)
+        if g.ndim == 2 and quant_kernels(a) is not None:
+            s = row_abs_sums(quant_kernels(a), a, g.shape[0], g.shape[1])
+        elif g.ndim == 2:
+            s = by_rows(lambda v: np.abs(v).sum(axis=1, dtype=np.float64), g)
+        else:
+            s = group_reduce(np.add, a, lens, pre=np.abs)
         return s / lens
     raise ValueError(kind)
+
+
+def row_abs_sums(k, a: np.ndarray, rows: int, length: int) -> np.ndarray:
+    """Each row's float64 sum of |a| (a as (rows, length)), the bits of NumPy's
+    ``np.abs(g).sum(axis=1, dtype=np.float64)`` (see _qkernels.row_abs_sums), on the module's
+    threads: rows split over them, or one row's buffer sums, then added in order."""
+    buf, out = np.getbufsize(), np.empty(rows, dtype=np.float64)
+    if rows == 1 and length > buf:
+        sums = np.empty(-(-length // buf), dtype=np.float64)
+        step = max(BLOCK // buf, 1) * buf
+
+        def chunks(blocks):
+            if blocks:
+                k.abs_chunk_sums(a, blocks[0][0], blocks[-1][1], buf, sums)
+        in_parts([(lo, min(length, lo + step)) for lo in range(0, length, step)], chunks)
+        out[0] = k.ordered_sum(sums)
+        return out
+
+    def run(blocks):
+        for r0, r1 in blocks:
+            k.row_abs_sums(a, length, r0, r1, buf, out)
+    in_parts(group_blocks(rows, length), run, a.shape[0])
+    return out
 
 
 def finite(scales: np.ndarray, check: bool) -> np.ndarray:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import COMPRESSORS, CompressorCfg
-from .packed import Quantizer, finite, affine_codes, cf_option, group_scale, safe_inverse
+from .packed import Quantizer, finite, cf_option, encode_with, group_scale, safe_inverse
 from gravac.core.registry import option
 
 
@@ -76,11 +76,14 @@ class QSGD(Quantizer):
         """QSGD with the most levels a ``bits``-bit code holds (s = 2^(bits-1) - 1), same bucket."""
         return QSGD(levels=qsgd_levels(bits), bucket=self.bucket, check_finite=self.check_finite)
 
+    def _params(self, a, lens, check, rows=None):
+        """Each group's (float32 norm, multiplier s / norm, no shift)."""
+        norm = finite(group_scale(a, lens, "l2", rows).astype(np.float32), check)
+        return norm, safe_inverse(norm, self.levels), None
+
     def _encode(self, a, lens, seed, check):
-        norm = finite(group_scale(a, lens, "l2").astype(np.float32), check)
         s = self.levels
-        codes = affine_codes(a, lens, safe_inverse(norm, s), s, 2 * s, seed=seed, salt=0x95D, bits=self.bits)
-        return codes, norm
+        return encode_with(self, a, lens, seed, check, add=s, top=2 * s, salt=0x95D)
 
     def _affine(self, scales):
         return scales / np.float32(self.levels), None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import COMPRESSORS, CompressorCfg
-from .packed import Quantizer, affine_codes, cf_option, finite, group_min_max
+from .packed import Quantizer, cf_option, encode_with, finite, group_min_max
 from gravac.core.registry import option
 
 
@@ -35,6 +35,7 @@ class Quant(Quantizer):
 
     name = "quant"
     scale_count = 2     # (min, step)
+    shifted = True      # codes of x - min
     widths = (8, 4, 2)
 
     def __init__(self, *, bits: int = 8, bucket: int = 1024, rounding: str = "nearest",
@@ -58,16 +59,18 @@ class Quant(Quantizer):
         """The same quantizer (bucket, rounding) at ``bits`` (8, 4 or 2)."""
         return Quant(bits=bits, bucket=self.bucket, rounding=self.rounding, check_finite=self.check_finite)
 
-    def _encode(self, a, lens, seed, check):
-        lo, hi = group_min_max(a, lens)
+    def _params(self, a, lens, check, rows=None):
+        """Each group's ((min, step) as float32, multiplier 1 / step, shift -min)."""
+        lo, hi = group_min_max(a, lens, rows)
         top = (1 << self.bits) - 1
         lo = finite(lo.astype(np.float32), check)
         step = finite(((hi.astype(np.float64) - lo) / top).astype(np.float32), check)
         inv = np.zeros(step.shape, dtype=np.float64)
         np.divide(1.0, step, out=inv, where=step > 0)
-        codes = affine_codes(a, lens, inv, 0.0, top, seed=seed if self.stochastic else None, salt=0x0B7, shift=-lo,
-                             bits=self.bits)
-        return codes, np.stack([lo, step], axis=1)
+        return np.stack([lo, step], axis=1), inv, -lo
+
+    def _encode(self, a, lens, seed, check):
+        return encode_with(self, a, lens, seed, check, add=0.0, top=(1 << self.bits) - 1, salt=0x0B7)
 
     def _affine(self, scales):
         return scales[:, 1], scales[:, 0]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import COMPRESSORS, CompressorCfg
-from .packed import Quantizer, finite, affine_codes, cf_option, group_scale, safe_inverse
+from .packed import Quantizer, finite, cf_option, encode_with, group_scale, safe_inverse
 from gravac.core.registry import option
 
 
@@ -39,9 +39,13 @@ class TernGrad(Quantizer):
     def __init__(self, *, bucket: int = 0, check_finite: bool = True) -> None:
         super().__init__(bucket=bucket, check_finite=check_finite)
 
+    def _params(self, a, lens, check, rows=None):
+        """Each group's (float32 max |x|, multiplier 1 / max, no shift)."""
+        m = finite(group_scale(a, lens, "max", rows).astype(np.float32), check)
+        return m, safe_inverse(m, 1.0), None
+
     def _encode(self, a, lens, seed, check):
-        m = finite(group_scale(a, lens, "max").astype(np.float32), check)
-        return affine_codes(a, lens, safe_inverse(m, 1.0), 1.0, 2, seed=seed, salt=0x7E6, bits=2), m
+        return encode_with(self, a, lens, seed, check, add=1.0, top=2, salt=0x7E6)
 
     def _affine(self, scales):
         return scales, None

@@ -274,3 +274,107 @@ def test_without_numba_numpy_path():
             p = q.quantize(x, [100_003], seed=1)
             h.update(p.codes.tobytes()), h.update(p.scales.tobytes()), h.update(p.dense().numpy().tobytes())
     assert out.stdout.strip() == h.hexdigest()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**62 - 1, 0x95D])
+@pytest.mark.parametrize("advance", [0, 1, 3, 2**40 + 5])
+@pytest.mark.parametrize("n", [1, 63, 64, 67, 1024, 5003])
+def test_pcg64_fill_is_random_raw(seed, advance, n):
+    """The kernels' PCG64 steps (four jumped-ahead quarters from 64 words on) give NumPy's
+    random_raw words, and leave the state where random_raw would."""
+    bg = np.random.PCG64(seed)
+    bg.advance(advance)
+    st = Q.pcg64_state(bg)
+    w = np.empty(max(n, 7), np.uint64)
+    Q.pcg64_fill(st, w, n)
+    assert (w[:n] == bg.random_raw(n)).all()
+    Q.pcg64_fill(st, w, 7)
+    assert (w[:7] == bg.random_raw(7)).all()
+
+
+GROUP_LENGTHS = list(range(1, 1101)) + [2047, 4096, 4097, 8191, 8192, 8193, 65535, 65536, 65537, 100_003, 262_147]
+
+
+@pytest.mark.parametrize("pre", [np.square, np.abs])
+def test_group_sums_same_as_reduceat(pre):
+    """float64 sums of squares / |x| per group in reduceat's order, bit for bit, on every group
+    length up to 1100 and long ones (data spanning many binades, so the order shows in the bits)."""
+    rng = np.random.default_rng(1)
+    lens = np.array(GROUP_LENGTHS, dtype=np.int64)
+    rng.shuffle(lens)
+    starts = packed.group_starts(lens)
+    a = (rng.standard_normal(starts[-1]) * np.exp(3 * rng.standard_normal(starts[-1]))).astype(np.float32)
+    out = np.empty(lens.shape[0])
+    Q.group_sums(a, starts, 0, lens.shape[0], pre is np.square, out)
+    assert out.tobytes() == np.add.reduceat(pre(a, dtype=np.float64), starts[:-1]).tobytes()
+
+
+@pytest.mark.parametrize("kind", ["l2", "mean", "max"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_group_scale_same_as_numpy(kind, k):
+    n = PARALLEL_MIN + 4099
+    a = gradient(n, seed=8).numpy()
+    for lens in (packed.group_lengths(segments(n, 3), 1000), packed.group_lengths([n], 777)):
+        with threads(1), kernels_set(None):
+            want = packed.group_scale(a, lens, kind)
+        with threads(k), kernels_set(K):
+            got = packed.group_scale(a, lens, kind)
+        assert got.tobytes() == want.tobytes()
+
+
+FUSED = [lambda b: QSGD(bucket=b), lambda b: QSGD(levels=1, bucket=b), lambda b: TernGrad(bucket=b),
+         lambda b: EFSignSGD(bucket=b), lambda b: Quant(bucket=b), lambda b: Quant(bits=2, bucket=b, rounding="stochastic")]
+
+
+@pytest.mark.parametrize("make", FUSED)
+@pytest.mark.parametrize("bucket", [8, 333, 1024, 8192, 8193])
+@pytest.mark.parametrize("exact", [True, False])
+def test_fused_same_as_numpy(make, bucket, exact):
+    """fused_encode (bucket <= FUSE_MAX) and the scales-then-codes kernel path (8193), on groups
+    laid out as rows (n a multiple of the bucket) or flat (not), over PARALLEL_MIN: the 2-thread
+    kernel bytes are the 1-thread NumPy ones (runs and thread parts cut inside groups)."""
+    n = (PARALLEL_MIN // bucket + 3) * bucket + (0 if exact else 5)
+    x = gradient(n, seed=bucket)
+    with threads(1):
+        want = encoded(make(bucket), x, [n], k=None)
+    with threads(2):
+        got = encoded(make(bucket), x, [n], k=K)
+    assert got == want
+
+
+def test_fused_path_taken(monkeypatch):
+    """Bucketed quantizers go through fused_encode with the kernels (no whole-tensor scales), a
+    per-tensor scale or a bucket over FUSE_MAX does not."""
+    calls = []
+    real = packed.fused_encode
+    monkeypatch.setattr(packed, "fused_encode", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    with kernels_set(K):
+        for q in (QSGD(), TernGrad(bucket=64), EFSignSGD(bucket=64), Quant()):
+            q.quantize(gradient(5000), [5000], seed=1)
+        assert len(calls) == 4
+        for q in (QSGD(bucket=0), TernGrad(), EFSignSGD(), Quant(bucket=packed.FUSE_MAX + 1)):
+            q.quantize(gradient(20_000), [20_000], seed=1)
+        assert len(calls) == 4
+
+
+def test_fused_nonfinite_raises_after_all_parts():
+    """A NaN in one thread's part: ValueError, as on the NumPy path."""
+    n = PARALLEL_MIN + 100
+    x = gradient(n)
+    x[n - 10] = np.nan
+    with threads(2), kernels_set(K), pytest.raises(ValueError):
+        QSGD().quantize(x, [n], seed=1)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 8191), (1, 8192), (1, 8193), (1, 100_003), (1, PARALLEL_MIN + 8193),
+                                   (5, 1000), (3, 8192), (4, 10_000), (2, 65_537), (40, 30_001)])
+@pytest.mark.parametrize("k", [1, 2])
+def test_row_abs_sums_same_as_numpy(shape, k):
+    """EF-SignSGD's mean on rows (a per-tensor scale: one row): NumPy's buffered float64 row sums,
+    bit for bit, on data spanning many binades (where the summation order shows)."""
+    rng = np.random.default_rng(shape[1])
+    a = (rng.standard_normal(shape[0] * shape[1]) * np.exp(5 * rng.standard_normal(shape[0] * shape[1]))).astype(np.float32)
+    want = np.abs(a.reshape(shape)).sum(axis=1, dtype=np.float64)
+    with threads(k):
+        got = packed.row_abs_sums(K, a, *shape)
+    assert got.tobytes() == want.tobytes()
