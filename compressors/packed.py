@@ -404,6 +404,8 @@ def fused_encode(k, q, a, lens, seed, check, *, add, top, salt) -> tuple[np.ndar
 
     Each thread's part starts at a multiple of 8 (its dither stream advanced there) and computes
     the scales of the group it starts in too (a group two parts share: both write the same values).
+    A run (at most FUSE_RUN + FUSE_MAX elements) stays under PARALLEL_MIN, so the NumPy scale
+    code it calls runs on the calling pool thread (no nested thread split).
     """
     n, G = a.shape[0], lens.shape[0]
     starts = group_starts(lens)
@@ -868,7 +870,9 @@ def group_min_max(a: np.ndarray, lens: np.ndarray, rows: bool | None = None) -> 
 
 def group_scale(a: np.ndarray, lens: np.ndarray, kind: str, rows: bool | None = None) -> np.ndarray:
     """Per-group float64 L2 norm ('l2'), max |a| ('max') or mean |a| ('mean') of float32 a;
-    ``rows``: see laid_out."""
+    ``rows``: see laid_out. With numba the float64 sums of the flat layout (group_reduce) and the
+    mean's row sums (row_abs_sums) are kernels giving NumPy's bits; the float32 einsum norms of
+    rows and min/max stay NumPy's."""
     g = laid_out(a, lens, rows)
     if kind == "l2":
         if g.ndim == 2 and g.shape[1] <= 1 << 16:   # float32 sums of short rows: accurate enough
