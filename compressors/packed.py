@@ -43,6 +43,7 @@ the results are the NumPy code's bit for bit, and the NumPy code runs without nu
 """
 from __future__ import annotations
 
+import threading
 from abc import abstractmethod
 from concurrent.futures import wait
 from dataclasses import fields
@@ -452,6 +453,7 @@ def fused_encode(k, q, a, lens, seed, check, *, add, top, salt) -> tuple[np.ndar
 
 #: Below this many elements the blocked loops run on the calling thread only.
 PARALLEL_MIN = 1 << 20
+POOL_PREFIX = "quantize"   # the pool's thread names (in_parts runs inline on them)
 _POOL = None
 
 
@@ -459,9 +461,11 @@ def in_parts(blocks: list, fn, n: int | None = None) -> None:
     """fn(contiguous run of blocks) for torch.get_num_threads() runs at once (NumPy releases the
     GIL in its loops); the result does not depend on the number of runs (each block's work and
     random draws follow from its position alone). ``n``: elements the blocks cover (default:
-    the last block's end)."""
+    the last block's end). Called from one of the pool's own threads (fused_encode's scales) it
+    runs inline: a nested split would wait on parts queued behind the threads that wait for them."""
     k = min(torch.get_num_threads(), len(blocks), 8)
-    if k <= 1 or (blocks[-1][1] if n is None else n) < PARALLEL_MIN:
+    if k <= 1 or (blocks[-1][1] if n is None else n) < PARALLEL_MIN or \
+            threading.current_thread().name.startswith(POOL_PREFIX):
         fn(blocks)
         return
     pool = _pool(k)
@@ -477,7 +481,7 @@ def _pool(k: int):
     global _POOL
     if _POOL is None or _POOL._max_workers < k:
         from concurrent.futures import ThreadPoolExecutor
-        _POOL = ThreadPoolExecutor(max_workers=k, thread_name_prefix="quantize")
+        _POOL = ThreadPoolExecutor(max_workers=k, thread_name_prefix=POOL_PREFIX)
     return _POOL
 
 
