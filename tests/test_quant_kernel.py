@@ -47,16 +47,7 @@ QUANTIZERS = {
 }
 
 
-@contextlib.contextmanager
-def kernels_set(k):
-    """Run the block with the compiled kernels (K) or the NumPy code (None), restoring the
-    setting even when the block fails (else later comparisons would be NumPy against NumPy)."""
-    saved = carrays._KERNELS[:]
-    carrays._KERNELS[:] = [k]
-    try:
-        yield
-    finally:
-        carrays._KERNELS[:] = saved
+from test_topk_kernel import kernels_set  # noqa: E402  (one switch for both kernel suites)
 
 
 @contextlib.contextmanager
