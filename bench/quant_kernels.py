@@ -3,7 +3,8 @@
 Every case (one memory pass ``x.abs().sum()``; per quantizer: its scales alone, encode and decode
 on the NumPy path and on the kernels) is timed round-robin, so load from other processes hits
 all alike, on the same heavy-tailed data (randn * exp(randn)); prints medians in ms and in passes
-(time / pass) and checks that both paths gave the same bytes.
+(time / pass) and checks that both paths gave the same bytes. Freed memory stays mapped while
+timing (compress_bench's ``--alloc steady``), so its passes are compress_bench's.
 
     python bench/quant_kernels.py [--numel 44549160] [--repeats 5] [--threads 2] [--only qsgd,quant]
 """
@@ -28,6 +29,7 @@ from compressors.packed import group_lengths, group_min_max, group_scale  # noqa
 from compressors.qsgd import QSGD  # noqa: E402
 from compressors.quant import Quant  # noqa: E402
 from compressors.terngrad import TernGrad  # noqa: E402
+from compress_bench import allocator  # noqa: E402  (bench/ is on the path of a script run from it)
 
 CASES = {   # name: (quantizer, what its scales are)
     "qsgd": (lambda: QSGD(), "l2"),                       # s = 127, bucket 512
@@ -85,13 +87,14 @@ def main(argv=None) -> None:
         same = same and d0 == q.decode(b_).numpy().tobytes()
         print(f"{m}: kernel bytes {'identical' if same else 'DIFFER'} to NumPy's")
     times = {c: [] for c in fns}
-    for c, f in fns.items():   # warm-up (compiles / loads the kernels, maps the memory)
-        f()
-    for _ in range(args.repeats):
-        for c, f in fns.items():
-            t0 = time.perf_counter()
+    with allocator("steady"):      # compress_bench's default: no page faults after the warm-up
+        for c, f in fns.items():   # warm-up (compiles / loads the kernels, maps the memory)
             f()
-            times[c].append(time.perf_counter() - t0)
+        for _ in range(args.repeats):
+            for c, f in fns.items():
+                t0 = time.perf_counter()
+                f()
+                times[c].append(time.perf_counter() - t0)
     med = {c: statistics.median(v) for c, v in times.items()}
     ps = med["pass"]
     print(f"\nnumel {n:,}, {args.threads} threads, {args.repeats} repeats round-robin; pass = {ps * 1e3:.1f} ms "
