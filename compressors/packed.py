@@ -304,7 +304,7 @@ def affine_codes(a: np.ndarray, lens: np.ndarray, mult: np.ndarray, add: float, 
     def part(blocks):
         if not blocks:
             return
-        size = BLOCK + m.L
+        size = max(hi - lo for lo, hi in blocks)     # a block of whole groups may exceed BLOCK
         ybuf, tbuf = np.empty(size, dtype=np.float32), np.empty(size, dtype=np.int32)
         cbuf = np.empty(size, dtype=np.uint8) if per > 1 else None
         bg = None

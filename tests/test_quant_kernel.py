@@ -369,3 +369,18 @@ def test_row_abs_sums_same_as_numpy(shape, k):
     with threads(k):
         got = packed.row_abs_sums(K, a, *shape)
     assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("bucket", [10001, 30001])
+def test_numpy_path_takes_odd_buckets_over_a_block(bucket):
+    """Buckets whose blocks (multiples of lcm(bucket, 8) = 8 x bucket) exceed BLOCK + bucket:
+    the NumPy path once raised 'cannot reshape' there (its buffers were BLOCK + bucket long);
+    now both paths give the same bytes."""
+    n = 2 * 8 * bucket + 5
+    x = gradient(n, seed=bucket)
+    for make in (lambda: QSGD(bucket=bucket), lambda: Quant(bits=4, bucket=bucket, rounding="stochastic")):
+        with threads(1):
+            want = encoded(make(), x, [n], k=None)
+        with threads(2):
+            got = encoded(make(), x, [n], k=K)
+        assert got == want
