@@ -828,19 +828,23 @@ class Quantizer(Compressor):
 def by_rows(fn, g: np.ndarray, exact_combine=None) -> np.ndarray:
     """fn(g) for a (groups, L) array, one result per row, on torch.get_num_threads() threads.
 
-    Row ranges go to the threads: each row is reduced whole by one call, so the result does not
-    depend on the split. One long row is split into column ranges only when ``exact_combine``
-    (np.maximum, np.minimum: exact in any order) joins the parts; sums are never split."""
+    Row ranges go to the threads, each row reduced whole by one call, so the result does not
+    depend on the split; for sums each range holds two rows or more (float32 np.einsum sums a lone
+    row in another order than the same row among others). One long row is split into column ranges
+    only when ``exact_combine`` (np.maximum, np.minimum: exact in any order) joins the parts; sums
+    are never split."""
     k = min(torch.get_num_threads(), 8)
     if k <= 1 or g.size < PARALLEL_MIN:
         return fn(g)
-    pool = _pool(k)
     rows, cols = g.shape
+    if exact_combine is None:               # sums: parts of two rows or more (see above)
+        k = min(k, rows // 2)
+        if k <= 1:
+            return fn(g)
+    pool = _pool(k)
     if rows >= k:
-        cut = [round(i * rows / k) for i in range(k + 1)]
+        cut = [i * rows // k for i in range(k + 1)]          # k <= rows // 2: each part >= 2 rows
         return np.concatenate(list(pool.map(lambda i: fn(g[cut[i]:cut[i + 1]]), range(k))))
-    if exact_combine is None:
-        return fn(g)
     cut = [round(i * cols / k) for i in range(k + 1)]
     return exact_combine.reduce(np.stack(list(pool.map(lambda i: fn(g[:, cut[i]:cut[i + 1]]), range(k)))), axis=0)
 

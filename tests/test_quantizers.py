@@ -293,6 +293,23 @@ def test_codes_do_not_depend_on_threads(monkeypatch, name, opts):
             assert torch.equal(b, out[i][0]) and torch.equal(d, out[i][1])
 
 
+@pytest.mark.parametrize("rows", [2, 3, 5, 16])
+def test_row_sums_do_not_depend_on_threads(monkeypatch, rows):
+    """by_rows gives each thread two rows or more for sums: float32 einsum sums a lone row in
+    another order than the same row among others (at these lengths), so one-row parts (3 rows on 2
+    threads cut 2 + 1) would make QSGD's norms depend on the thread count. Unreached before with
+    the real PARALLEL_MIN (2^20 values in rows of <= 2^16 is >= 16 rows), now excluded by design."""
+    import compressors.packed as packed
+    g = heavy(rows * 10000, 4).numpy().reshape(rows, 10000)
+    norms = lambda v: np.einsum("ij,ij->i", v, v)
+    want = norms(g)
+    monkeypatch.setattr(packed, "PARALLEL_MIN", 0)
+    for threads in (2, 3, 8):
+        monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
+        assert np.array_equal(packed.by_rows(norms, g), want)
+        assert np.array_equal(packed.by_rows(lambda v: v.max(axis=1), g, np.maximum), g.max(axis=1))
+
+
 def test_methods_that_choose_cfs_refuse_quantizers_and_static_names_them():
     from conftest import make_run
     from gravac.methods.static import Static
