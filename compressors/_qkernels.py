@@ -162,6 +162,15 @@ def _code(y, dither, top):
     return min(max(t, np.int32(0)), top)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _group_run(starts, g, j, end):
+    """(g, e): the group holding element j (searching forward from group g) and where its run in
+    the chunk ends, at the group's end or the chunk's (``end``), whichever comes first."""
+    while starts[g + 1] <= j:
+        g += 1
+    return g, min(end, starts[g + 1])
+
+
 @njit(nogil=True, cache=True)
 def _pack_into(codes, k, bits, out, b0):
     """out[b0:] = codes[:k] packed at ``bits`` (each < 2^bits; 2 and 4 bits as packed.pack combines
@@ -212,9 +221,7 @@ def affine_encode(a, lo, hi, starts, mult, shift, rng, plus, top, bits, out):
             pcg64_fill(rng, words, (c1 - c0 + 3) // 4)
         j = c0
         while j < c1:
-            while starts[g + 1] <= j:
-                g += 1
-            e = min(c1, starts[g + 1])
+            g, e = _group_run(starts, g, j, c1)
             m = mult[g]
             x = a[j:e]            # slices and loops from 0: no negative-index checks, so they vectorise
             c = codes[j - c0:e - c0]
@@ -292,9 +299,7 @@ def decode_codes(codes, bits, offset, starts, step, base, lo, hi, out):
             cb = buf
         j = c0
         while j < c1:
-            while starts[g + 1] <= j:
-                g += 1
-            e = min(c1, starts[g + 1])
+            g, e = _group_run(starts, g, j, c1)
             s = step[g]
             c = cb[j - c0:e - c0]
             y = out[j:e]
