@@ -61,6 +61,19 @@ def run_cli(args: list[str], timeout: float = 600, env: dict | None = None, cwd=
                           text=True, timeout=timeout, env=e, cwd=cwd or ROOT)
 
 
+def failure(r: subprocess.CompletedProcess, tail: int = 3000) -> str:
+    """What a failed CLI run said, for an assertion message: each worker rank's own error block
+    (in a ddp run the rank that failed first can be pushed out of a plain tail by the peer it broke)
+    and the last `tail` characters of stderr."""
+    lines = r.stderr.splitlines()
+    starts = [i for i, line in enumerate(lines)
+              if line.startswith(("worker rank ", "error: worker rank "))]
+    blocks = ["\n".join(lines[i:i + 40])[:1500] for i in starts]
+    end = r.stderr[-tail:]
+    head = [b for b in blocks if b not in end]
+    return "\n...\n".join([*head, end]) if head else end
+
+
 def run_cli_many(jobs: list[dict], workers: int = 2) -> list[subprocess.CompletedProcess]:
     """run_cli(**job) for every job, `workers` at a time (the machine has 2 cores; most of a short
     CLI run is Python and torch start-up), results in the jobs' order."""

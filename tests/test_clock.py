@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import failure, run_cli
 
 SMALL = ["dataset.image_size=8", "dataset.train_size=512", "dataset.test_size=128", "model.width=4",
          "train.batch_size=8", "train.eval_every=10", "logger.progress=false", "cluster.threads=1"]
@@ -20,7 +20,7 @@ TIMES = ("compute_model_s", "compress_model_s", "comm_model_s", "step_model_s", 
 
 def _run(root: Path, args: list[str], cache: Path, env=None, small=SMALL):
     r = run_cli([*small, f"experiment.results_root={root}", f"clock.cache_dir={cache}", *args], env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, failure(r)
     (run,) = [p for p in root.glob("*/*") if p.is_dir()]
     steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
     return run, steps, json.loads((run / "summary.json").read_text())

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import CONF, compose, run_cli, run_cli_many
+from conftest import CONF, compose, failure, run_cli, run_cli_many
 from gravac.config.cli import help_text
 from gravac.config.compose import ConfigError, build_config
 
@@ -235,7 +235,7 @@ def user_mistakes(tmp_path_factory):
 @pytest.mark.parametrize("case", range(len(USER_MISTAKES)), ids=[f for _, _, f in USER_MISTAKES])
 def test_user_mistakes_end_in_one_line(user_mistakes, case):
     fragment, r = USER_MISTAKES[case][2], user_mistakes[case]
-    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.returncode == 2, failure(r)
     assert fragment in r.stderr and "Traceback" not in r.stderr + r.stdout
     assert len([line for line in r.stderr.splitlines() if line.strip()]) == 1, r.stderr
 
@@ -270,7 +270,7 @@ def test_a_name_too_long_for_the_filesystem_says_so(tmp_path):
 def test_experiment_seeds_runs_that_many_seed_replicas(tmp_path):
     """experiment.seeds=2 is the sweep train.seed=0,1: one run folder per seed, nothing else."""
     r = run_cli([*TINY, f"experiment.results_root={tmp_path}", "experiment.seeds=2"], timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, failure(r)
     runs = sorted(p.parent for p in tmp_path.glob("default/*/summary.json"))
     assert [_seed_of(p) for p in runs] == [0, 1]
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gravac.data import (DataError, ImageDataset, LMDataset, augment_batch, batchify, load_dataset, normalize)
-from conftest import dataset_cfg
+from conftest import dataset_cfg, failure
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
@@ -380,7 +380,7 @@ def test_a_missing_dataset_run_creates_no_data_folder(tmp_path, args):
     offline = {k: "http://127.0.0.1:9" for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}
     r = run_cli([*args, "logger.progress=false", f"experiment.results_root={tmp_path / 'results'}"], cwd=cwd,
                 env={"GRAVAC_DATA_DIR": "", "GRAVAC_CACHE_DIR": str(cache), "no_proxy": "", "NO_PROXY": "", **offline})
-    assert r.returncode == 2 and "not found" in r.stderr and "download" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and "not found" in r.stderr and "download" in r.stderr, failure(r)
     assert str(cwd / "data") in r.stderr                     # it did look in ./data
     assert list(cwd.iterdir()) == [] and not cache.exists()
 

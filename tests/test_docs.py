@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli_many
+from conftest import ROOT, failure, run_cli_many
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 UP = re.compile(r"(?:\.\./)+[\w.\-/]*")
@@ -148,7 +148,7 @@ def runs(tmp_path_factory):
             for name, root in zip(names, roots)]
     out = {}
     for name, root, r in zip(names, roots, run_cli_many(jobs)):       # two at a time
-        assert r.returncode == 0, f"method={name}: " + r.stderr[-3000:]
+        assert r.returncode == 0, f"method={name}: " + failure(r)
         (out[name],) = [p for p in root.glob("*/*") if p.is_dir()]
     return out
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_run, run_cli
+from conftest import failure, make_run, run_cli
 from gravac.cluster.comm import SimGroup
 from gravac.methods import RunStats, build_method
 from gravac.cluster.netmodel import NetworkModel
@@ -102,7 +102,7 @@ TINY = ["dataset.image_size=8", "dataset.train_size=128", "dataset.test_size=64"
 def run_tiny(tmp_path: Path, args: list[str]) -> tuple[str, dict]:
     """A tiny real run (8 steps per epoch): its stdout and summary.json."""
     r = run_cli([*TINY, f"experiment.results_root={tmp_path}", *args], timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, failure(r)
     (run,) = [p for p in tmp_path.glob("*/*") if p.is_dir()]
     return r.stdout, json.loads((run / "summary.json").read_text())
 
@@ -146,7 +146,7 @@ def test_the_readme_gravac_example_compresses(tmp_path):
     args = readme_example("gravac")
     r = run_cli([*args, "train.steps=40", "cluster.threads=1", "logger.progress=false",
                  f"experiment.results_root={tmp_path}"], timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, failure(r)
     (run,) = [p for p in tmp_path.glob("*/*") if p.is_dir()]
     levels = [json.loads(line)["level"] for line in (run / "steps.jsonl").read_text().splitlines()]
     assert len(levels) == 40 and any(lv != "dense" for lv in levels), levels

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from compressors import Payload
-from conftest import make_run
+from conftest import failure, make_run
 from gravac.cluster.comm import SimGroup
 from gravac.methods.gains import CodeGain, SlidingEWMA, layer_norm_sum, payload_layer_norm_sum, segment_bounds
 from gravac.methods import StepContext, build_method
@@ -103,7 +103,7 @@ def test_gain_probe_figure_and_table_from_a_static_run(tmp_path):
                  "train.steps=6", "dataset.image_size=8", "dataset.train_size=256", "dataset.test_size=64",
                  "model.width=4", "train.batch_size=8", "logger.progress=false", "cluster.threads=1",
                  f"clock.cache_dir={tmp_path / 'cache'}", f"experiment.results_root={tmp_path / 'runs'}"])
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, failure(r)
     (run,) = gains_plot.load(str(tmp_path / "runs"))
     data = gains_plot.series(run)
     assert sorted(data) == [10.0, 20.0, 1000.0]

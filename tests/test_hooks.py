@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ROOT, gloo_ranks, make_run
+from conftest import ROOT, failure, gloo_ranks, make_run
 
 from compressors.base import mix_seed
 from gravac.cluster.comm import SimGroup
@@ -298,7 +298,7 @@ def test_readme_example_runs_as_written(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           str(script)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, failure(out)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("step ")]
     assert [ln.split(":")[0] for ln in lines] == ["step 9", "step 19", "step 29"], out.stdout
     # Top-k 100x per parameter tensor: 2048 // 100 + max(1, 64 // 100) + 256 // 100 + 1 = 24 of 2372

@@ -17,7 +17,7 @@ from gravac.core.errors import UserError
 from gravac.core.schema import RunConfig
 from gravac.methods import StepContext, build_method
 from gravac.methods.lgreco import decide, discretise, solve
-from conftest import gloo_ranks, make_run, run_cli_many
+from conftest import failure, gloo_ranks, make_run, run_cli_many
 
 SIZES = [600, 300, 80, 20]
 W = 2
@@ -193,7 +193,7 @@ def test_cli_single_candidate_equals_static_and_ddp_equals_sim(tmp_path):
             "sim": [*lg, "cluster=sim"], "ddp": [*lg, "cluster=ddp"]}
     jobs = [dict(args=[*SMALL, f"experiment.results_root={tmp_path / k}", *v], timeout=300) for k, v in runs.items()]
     for k, r in zip(runs, run_cli_many(jobs)):
-        assert r.returncode == 0, f"{k}: {r.stderr[-3000:]}"
+        assert r.returncode == 0, f"{k}: {failure(r)}"
     static, single = _steps(tmp_path / "static"), _steps(tmp_path / "single")
     assert [s["loss"] for s in static] == [s["loss"] for s in single]
     assert [s["floats_sent"] for s in static] == [s["floats_sent"] for s in single]

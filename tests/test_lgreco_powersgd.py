@@ -14,7 +14,7 @@ import torch
 from gravac.cluster.comm import SimGroup
 from gravac.cluster.netmodel import NetworkModel
 from gravac.methods import RunStats, StepContext, build_method
-from conftest import make_run, run_cli, run_cli_many
+from conftest import failure, make_run, run_cli, run_cli_many
 
 W = 2
 # two matrices that compress at every candidate (rank 4 on 10 x 20: (10 + 20)·4·2 >= 200, dense),
@@ -242,7 +242,7 @@ def test_cli_single_candidate_equals_powersgd_and_ddp_equals_sim(tmp_path):
             "sim": [*lg, "cluster=sim"], "ddp": [*lg, "cluster=ddp"]}
     jobs = [dict(args=[*SMALL, f"experiment.results_root={tmp_path / k}", *v], timeout=300) for k, v in runs.items()]
     for k, r in zip(runs, run_cli_many(jobs)):
-        assert r.returncode == 0, f"{k}: {r.stderr[-3000:]}"
+        assert r.returncode == 0, f"{k}: {failure(r)}"
     psgd, single = _steps(tmp_path / "powersgd"), _steps(tmp_path / "single")
     assert [s["loss"] for s in psgd] == [s["loss"] for s in single]
     assert [s["floats_sent"] for s in psgd] == [s["floats_sent"] for s in single]
@@ -267,11 +267,11 @@ def test_cli_resume_equals_uninterrupted(tmp_path):
     for cmd in ([*args, "train.steps=10", f"experiment.results_root={tmp_path / 'a'}"],
                 [*args, "train.steps=5", f"experiment.results_root={tmp_path / 'b'}"]):
         r = run_cli(cmd, timeout=300)
-        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.returncode == 0, failure(r)
     (run_b,) = [p for p in (tmp_path / "b").glob("*/*") if p.is_dir()]
     r = run_cli([*args, "train.steps=10", f"experiment.results_root={tmp_path / 'b'}", f"experiment.resume={run_b}"],
                 timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, failure(r)
     a, b = _steps(tmp_path / "a"), _steps(tmp_path / "b")
     keys = ("step", "loss", "floats_sent", "lgreco_solve")
     assert [[x.get(k) for k in keys] for x in a] == [[x.get(k) for k in keys] for x in b]

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from netns import Netns, missing  # noqa: E402
+from conftest import failure  # noqa: E402
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"no network namespaces: {missing()}")
 
@@ -36,7 +37,7 @@ def test_quick_sweep_writes_csv_whose_predictions_follow_the_model(tmp_path):
     out, before = tmp_path / "nv.csv", _namespaces()
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "netval.py"), "--quick", "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, failure(r)
     rows = list(csv.DictReader(open(out)))
     assert {r["kind"] for r in rows} == {"allreduce", "allgather", "sparse_allgather", "broadcast"}
     assert (tmp_path / "nv.png").stat().st_size > 0

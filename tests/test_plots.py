@@ -347,12 +347,12 @@ def test_a_run_that_failed_before_its_first_step_is_skipped_in_one_line(tmp_path
     killed before its first step, or one of an older version, does: one tiny good run, and its
     folder as it stood before the first step, with a CIFAR-10 config and a failed summary."""
     import shutil
-    from conftest import run_cli
+    from conftest import failure, run_cli
     root = tmp_path / "runs"
     good = run_cli(["train.steps=4", "train.eval_every=2", "cluster.workers=2", "cluster.threads=1",
                     "logger.progress=false", "dataset.image_size=8", "dataset.train_size=256", "dataset.test_size=64",
                     "model.width=4", "experiment.run_id=good", f"experiment.results_root={root}"])
-    assert good.returncode == 0, good.stderr[-2000:]
+    assert good.returncode == 0, failure(good)
     failed = root / "default" / "nodata"
     shutil.copytree(root / "default" / "good", failed)
     config = yaml.safe_load((failed / "config.yaml").read_text())

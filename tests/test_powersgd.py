@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_run
+from conftest import failure, make_run
 
 from compressors.lowrank import compresses, orthogonalise
 from gravac.cluster.comm import SimGroup
@@ -205,10 +205,10 @@ def test_accordion_powersgd_resume_equals_uninterrupted(tmp_path):
     for cmd in ([*args, "train.steps=12", f"experiment.results_root={tmp_path / 'a'}"],
                 [*args, "train.steps=6", f"experiment.results_root={tmp_path / 'b'}"]):
         r = run_cli(cmd)
-        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.returncode == 0, failure(r)
     run_b, _ = records(tmp_path / "b")
     r = run_cli([*args, "train.steps=12", f"experiment.results_root={tmp_path / 'b'}", f"experiment.resume={run_b}"])
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, failure(r)
     (_, a), (_, b) = records(tmp_path / "a"), records(tmp_path / "b")
     keys = ("step", "loss", "floats_sent", "cf_low_layers")
     assert [[x[k] for k in keys] for x in a] == [[x[k] for k in keys] for x in b]

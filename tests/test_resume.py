@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, ctrl_c_reaches, run_cli, run_cli_many
+from conftest import ROOT, ctrl_c_reaches, failure, run_cli, run_cli_many
 
 ARGS = ["train.steps=24", "train.eval_every=8", "train.checkpoint_every=4", "logger.progress=false",
         "dataset.image_size=8", "dataset.train_size=512", "dataset.test_size=128", "model.width=4",
@@ -57,7 +57,7 @@ def _wait_for_steps(root: Path, n: int, proc: subprocess.Popen, timeout: float =
 @pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     ref = run_cli([*ARGS, *GRAVAC, f"experiment.results_root={tmp_path / 'ref'}"])
-    assert ref.returncode == 0, ref.stderr[-2000:]
+    assert ref.returncode == 0, failure(ref)
     ref_run = _only_run(tmp_path / "ref")
 
     root = tmp_path / "killed"
@@ -70,7 +70,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     json.loads((run / "summary.json").read_text())
 
     res = run_cli([*ARGS, *GRAVAC, f"experiment.results_root={root}", f"experiment.resume={run}"])
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 0, failure(res)
     a, b = _records(ref_run, "steps.jsonl"), _records(run, "steps.jsonl")
     assert [r["step"] for r in b] == list(range(24))          # no duplicates, no gaps
     keys = ("loss", "cf", "floats_sent", "wire_bytes", "level", "cf_min", "cs", "delta_min", "delta_c")
@@ -89,7 +89,7 @@ def test_stop_signal_then_resume_equals_uninterrupted(tmp_path, sig):
     resumed run is bit-identical to one never stopped (the stop once saved one batch ahead)."""
     args = [*ARGS, *GRAVAC, "train.checkpoint_every=0"]
     ref = run_cli([*args, f"experiment.results_root={tmp_path / 'ref'}"])
-    assert ref.returncode == 0, ref.stderr[-2000:]
+    assert ref.returncode == 0, failure(ref)
     root = tmp_path / "stopped"
     proc = _popen([*args, f"experiment.results_root={root}"])
     run = _wait_for_steps(root, 11, proc)
@@ -97,7 +97,7 @@ def test_stop_signal_then_resume_equals_uninterrupted(tmp_path, sig):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     res = run_cli([*args, f"experiment.results_root={root}", f"experiment.resume={run}"])
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 0, failure(res)
     a, b = _records(_only_run(tmp_path / "ref"), "steps.jsonl"), _records(run, "steps.jsonl")
     assert [r["step"] for r in b] == list(range(24))
     keys = ("loss", "cf", "floats_sent", "wire_bytes", "level", "delta_min", "delta_c")
@@ -122,7 +122,7 @@ def test_sigint_checkpoints_and_says_how_to_resume(tmp_path):
 
 def test_resume_refuses_a_different_config(tmp_path):
     r = run_cli([*ARGS, "train.steps=4", f"experiment.results_root={tmp_path}"])
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, failure(r)
     run = _only_run(tmp_path)
     r = run_cli([*ARGS, "train.steps=8", "train.lr=0.05", f"experiment.results_root={tmp_path}",
                  f"experiment.resume={run}"])
@@ -160,12 +160,12 @@ def test_lm_run_extended_from_its_final_checkpoint_equals_a_longer_run(tmp_path)
           "method=gravac", "compressor=topk", "method.window=4", "method.epsilon=0.2",
           "method.omega=0"]  # decisions by gains only (see GRAVAC)
     ref = run_cli([*lm, "train.steps=16", f"experiment.results_root={tmp_path / 'ref'}"])
-    assert ref.returncode == 0, ref.stderr[-2000:]
+    assert ref.returncode == 0, failure(ref)
     short = run_cli([*lm, "train.steps=8", f"experiment.results_root={tmp_path / 'ext'}"])
-    assert short.returncode == 0, short.stderr[-2000:]
+    assert short.returncode == 0, failure(short)
     run = _only_run(tmp_path / "ext")
     ext = run_cli([*lm, "train.steps=16", f"experiment.results_root={tmp_path / 'ext'}", f"experiment.resume={run}"])
-    assert ext.returncode == 0, ext.stderr[-2000:]
+    assert ext.returncode == 0, failure(ext)
     a, b = _records(_only_run(tmp_path / "ref"), "steps.jsonl"), _records(run, "steps.jsonl")
     assert [(r["loss"], r["cf"]) for r in a] == [(r["loss"], r["cf"]) for r in b] and len(b) == 16
 
@@ -176,13 +176,13 @@ def test_extended_run_reports_its_new_total_and_a_shorter_resume_is_refused(tmp_
     one-line error, not a silent no-op (issue 21 case 10)."""
     args = [*ARGS, "train.steps=8", f"experiment.results_root={tmp_path}"]
     r = run_cli(args)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, failure(r)
     run = _only_run(tmp_path)
     short = run_cli([*ARGS, "train.steps=4", f"experiment.results_root={tmp_path}", f"experiment.resume={run}"])
     assert short.returncode == 2 and "checkpoint is at step 8, beyond this command's 4 steps" in short.stderr
     assert "Traceback" not in short.stderr
     longer = run_cli([*ARGS, "train.steps=12", f"experiment.results_root={tmp_path}", f"experiment.resume={run}"])
-    assert longer.returncode == 0, longer.stderr[-2000:]
+    assert longer.returncode == 0, failure(longer)
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["steps"], summary["total_steps"], summary["status"]) == (12, 12, "completed")
 
@@ -219,7 +219,7 @@ def two_checkpointed_runs(tmp_path_factory):
     runs = []
     for name in ("a", "b"):
         r = run_cli([*ARGS, "train.steps=8", f"experiment.results_root={root / name}"])
-        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.returncode == 0, failure(r)
         runs.append(_only_run(root / name))
     return runs
 
@@ -245,7 +245,7 @@ def damaged_resumes(tmp_path_factory, two_checkpointed_runs):
 def test_a_damaged_checkpoint_stops_in_one_line_and_deletes_nothing(damaged_resumes, case):
     """Issue 21 case 2: never a silent restart from step 0, never a traceback, the folder kept."""
     run, before, steps_before, r = damaged_resumes[case]
-    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.returncode == 2, failure(r)
     assert DAMAGE[case] in r.stderr and "Traceback" not in r.stderr
     assert (run / "steps.jsonl").read_text() == steps_before
     assert set(before) <= {p.relative_to(run) for p in run.rglob("*")}
@@ -274,9 +274,9 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(two_checkp
     (pt.parent / "rank-0.pt.sha256").write_text(hashlib.sha256(pt.read_bytes()).hexdigest() + "\n")
     r = run_cli([*ARGS, "train.steps=12", f"experiment.results_root={tmp_path}", f"experiment.resume={run}"])
     assert not marker.exists()
-    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.returncode == 2, failure(r)
     errors = [line for line in r.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1 and "refusing to load it (it could run code)" in errors[0], r.stderr[-2000:]
+    assert len(errors) == 1 and "refusing to load it (it could run code)" in errors[0], failure(r)
 
 
 def test_a_state_that_is_not_plain_is_refused_when_saved(tmp_path):
@@ -338,10 +338,10 @@ def test_a_symlink_out_of_the_run_folder_is_never_written_through(linked_resumes
     in one line naming the link, and nothing outside the folder changes."""
     run, outside, before, r = linked_resumes[case]
     assert _tree(outside) == before
-    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.returncode == 2, failure(r)
     errors = [line for line in r.stderr.splitlines() if line.strip()]
     link = run / case.split(" ")[0].rstrip("/")
-    assert len(errors) == 1 and f"{link} is a symbolic link out of the run folder" in errors[0], r.stderr[-2000:]
+    assert len(errors) == 1 and f"{link} is a symbolic link out of the run folder" in errors[0], failure(r)
 
 
 def test_a_second_process_on_a_running_folder_is_refused_with_the_holder(tmp_path):
@@ -351,7 +351,7 @@ def test_a_second_process_on_a_running_folder_is_refused_with_the_holder(tmp_pat
     try:
         r = run_cli([*ARGS, "train.steps=400", "train.checkpoint_every=2", f"experiment.results_root={tmp_path}",
                      f"experiment.resume={run}"], timeout=120)
-        assert r.returncode == 2, r.stderr[-2000:]
+        assert r.returncode == 2, failure(r)
         assert f"is in use by process {proc.pid}" in r.stderr and "Traceback" not in r.stderr
         assert proc.poll() is None                # the first run goes on untouched
     finally:
@@ -375,7 +375,7 @@ def test_ddp_stop_then_resume_equals_uninterrupted(tmp_path, how):
     command, which resumes the run as written."""
     args = [*ARGS, *GRAVAC, "cluster=ddp", "train.checkpoint_every=0", "train.steps=16"]
     ref = run_cli([*args, f"experiment.results_root={tmp_path / 'ref'}"])
-    assert ref.returncode == 0, ref.stderr[-2000:]
+    assert ref.returncode == 0, failure(ref)
     before = _rdzv_folders()
     root = tmp_path / "stopped"
     proc = _popen([*args, f"experiment.results_root={root}"], session=True)
@@ -397,7 +397,7 @@ def test_ddp_stop_then_resume_equals_uninterrupted(tmp_path, how):
     assert not (_rdzv_folders() - before)
     res = subprocess.run(summary["resume_command"].replace("python", sys.executable, 1), shell=True, cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 0, failure(res)
     a, b = _records(_only_run(tmp_path / "ref"), "steps.jsonl"), _records(run, "steps.jsonl")
     assert [r["step"] for r in b] == list(range(16))
     keys = ("loss", "cf", "floats_sent", "wire_bytes", "level")
@@ -415,7 +415,7 @@ def test_a_full_disk_mid_run_ends_in_one_line_with_status_failed_and_no_temporar
     try:
         r = run_cli([*ARGS, "train.steps=400", "train.eval_every=1000", "train.checkpoint_every=5",
                      f"experiment.results_root={mnt}"], timeout=300)
-        assert r.returncode == 2, r.stderr[-2000:]
+        assert r.returncode == 2, failure(r)
         err = [line for line in r.stderr.splitlines() if line.strip()]
         assert len(err) == 1 and "No space left on device" in err[0] and "Traceback" not in r.stderr
         run = _only_run(mnt)
@@ -433,7 +433,7 @@ def test_a_hung_ddp_worker_is_named_and_the_run_ends_soon_after_the_timeout(tmp_
     r = run_cli([*ARGS, "cluster=ddp", "cluster.timeout_s=5", "train.steps=20", f"experiment.results_root={tmp_path}"],
                 env={"GRAVAC_FAULT": "1:6:hang"}, timeout=300)
     took = time.monotonic() - t0
-    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.returncode == 2, failure(r)
     assert "error: worker rank 1 stopped answering at step 6" in r.stderr
     summary = json.loads((_only_run(tmp_path) / "summary.json").read_text())
     assert summary["status"] == "failed" and "rank 1 stopped answering" in summary["error"]
@@ -444,7 +444,7 @@ def test_when_rank_0_dies_the_summary_counts_the_steps_it_recorded_and_says_why(
     """Issue 21 case 10: the summary said steps 0 and error null while steps.jsonl held the steps."""
     r = run_cli([*ARGS, "cluster=ddp", "train.steps=20", "train.eval_every=100", f"experiment.results_root={tmp_path}"],
                 env={"GRAVAC_FAULT": "0:9:exit"}, timeout=300)
-    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.returncode == 2, failure(r)
     run = _only_run(tmp_path)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"]
@@ -488,7 +488,7 @@ def test_the_printed_resume_command_pastes_into_a_shell_for_any_folder_name(tmp_
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])   # `python` is this one
     r = subprocess.run(["bash", "-c", printed], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PATH": path})
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, failure(r)
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
     assert [s["step"] for s in _records(run, "steps.jsonl")] == list(range(30))
 

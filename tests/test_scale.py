@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import compose, run_cli
+from conftest import compose, failure, run_cli
 from gravac.config.compose import build_config
 from gravac.loop.scale import duration, paper_gap, paper_warning
 
@@ -82,7 +82,7 @@ def test_a_run_prints_the_warning_before_its_first_step_and_goes_on(tmp_path):
                  "dataset.image_size=8", "dataset.train_size=256", "dataset.test_size=64", "train.batch_size=8",
                  "cluster.workers=2", "train.steps=2", "cluster.threads=1", "logger.progress=false",
                  f"experiment.results_root={tmp_path / 'runs'}"], env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, failure(r)
     out = r.stdout.splitlines()
     first = next(i for i, line in enumerate(out) if line.startswith("warning: model=tiny_paper is a paper-scale"))
     assert "2 workers (paper: 8); global batch 16 at lr 0.1 (paper: 64 at lr 0.1): about" in out[first]

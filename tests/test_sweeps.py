@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, ctrl_c_reaches, run_cli
+from conftest import ROOT, ctrl_c_reaches, failure, run_cli
 
 TINY = ["dataset=synthetic", "dataset.image_size=8", "dataset.train_size=256", "dataset.test_size=64", "model.width=4",
         "cluster.workers=2", "train.batch_size=8", "logger.progress=false"]
@@ -359,7 +359,7 @@ def test_joblib_sweep_runs_two_at_a_time_skips_duplicates_and_reports_failures(t
     # the good cells first: each job is a fresh process, and these start, and run, side by side
     r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.lr=0.1,-1", "method=dense,gravac",
                  "compressor=topk,dgc", "train.steps=3", *TINY, f"experiment.results_root={tmp_path}"], timeout=900)
-    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.returncode == 2, failure(r)
     assert "4 job(s) of the sweep failed" in r.stderr and "Traceback" not in r.stderr
     assert "skipped job #1 (compressor=dgc): identical to job #0 (compressor=topk); dense ignores compressor" in r.stdout
     runs = _runs(tmp_path)
@@ -381,7 +381,7 @@ def test_joblib_sweep_of_ddp_jobs_spawns_their_workers(tmp_path):
     """A job's process (gravac/run/jobs.py) spawns the ddp workers of its run."""
     r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "cluster=ddp", "method=dense,gravac",
                  "compressor=topk", "train.steps=3", *TINY, f"experiment.results_root={tmp_path}"], timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, failure(r)
     runs = _runs(tmp_path)
     assert len(runs) == 2
     for run in runs:
@@ -445,7 +445,7 @@ def test_joblib_sweep_a_killed_job_fails_alone_and_its_printed_resume_command_wo
     r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.steps=40,10", "cluster.workers=2,1",
                  "train.checkpoint_every=5", *tiny, f"experiment.results_root={tmp_path}"],
                 env={"GRAVAC_FAULT": "1:12:exit"}, timeout=900)
-    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.returncode == 2, failure(r)
     summaries = {run: json.loads((run / "summary.json").read_text()) for run in _runs(tmp_path)}
     assert sorted((s["workers"], s["total_steps"], s["status"]) for s in summaries.values()) == \
         [(1, 10, "completed"), (1, 40, "completed"), (2, 10, "completed"), (2, 40, "failed")]
@@ -461,7 +461,7 @@ def test_joblib_sweep_a_killed_job_fails_alone_and_its_printed_resume_command_wo
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     resumed = subprocess.run(["bash", "-c", summary["resume_command"]], cwd=ROOT, capture_output=True, text=True,
                              timeout=600, env={**os.environ, "PATH": path})
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 0, failure(resumed)
     assert json.loads((killed / "summary.json").read_text())["status"] == "completed"
     assert [rec["step"] for rec in _records(killed)] == list(range(40))
 
@@ -666,9 +666,9 @@ def test_slurm_sweep_runs_each_cell_as_a_job_whose_tasks_are_the_ddp_workers(slu
                  "hydra.launcher.timeout_min=10", "arm=dense,topk10", "cluster=ddp", "train.steps=3", *TINY,
                  f"experiment.results_root={tmp_path}"], env={**slurm_cluster, "MASTER_PORT": str(_free_port())},
                 timeout=900)   # the jobs run one after the other (2 tasks x 1 CPU fill the node): one port
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert r.returncode == 0, (r.stdout[-3000:], failure(r))
     runs = _runs(tmp_path)
-    assert len(runs) == 2, (runs, r.stderr[-3000:])
+    assert len(runs) == 2, (runs, failure(r))
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["steps"] == 3 and summary["workers"] == 2, summary

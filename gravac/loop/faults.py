@@ -1,17 +1,19 @@
 """Fault injection for testing the run's failure handling: GRAVAC_FAULT=RANK:STEP[:KIND].
 
-KIND is `raise` (an exception in that worker, the default), `exit` (the process dies without a
-word, like a SIGKILL), `hang` (the worker stops responding) or `nan` (its loss becomes NaN).
+KIND is `raise` (an exception in that worker, the default), `exit` (the process exits without a
+word, code 17), `kill` (a real SIGKILL, as from the out-of-memory killer), `hang` (the worker stops
+responding) or `nan` (its loss becomes NaN).
 Read once; costs one integer comparison per step when unset.
 """
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from gravac.core.errors import UserError
 
-KINDS = ("raise", "exit", "hang", "nan")
+KINDS = ("raise", "exit", "kill", "hang", "nan")
 
 
 def _parse() -> tuple[int, int, str] | None:
@@ -39,6 +41,8 @@ def maybe_fail(rank: int, step: int) -> bool:
     kind = FAULT[2]
     if kind == "exit":
         os._exit(17)
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     if kind == "hang":
         time.sleep(3600)
     if kind == "nan":

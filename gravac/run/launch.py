@@ -311,7 +311,7 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
             signal.signal(signal.SIGTERM, old)
         if failed is None:
             return
-        rank, code = failed
+        rank, code, others = failed
         if code == 130:
             raise _interrupted(run_dir)
         silent = silent_rank(tmp, cfg.cluster.workers, rank)
@@ -319,9 +319,23 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
             why = (f"worker rank {silent[0]} stopped answering at step {max(0, silent[1]) // 2} (rank {rank} gave up "
                    f"waiting for it after cluster.timeout_s={cfg.cluster.timeout_s:g} s)")
         else:
-            why = f"worker rank {rank} failed (exit code {code}); its message is above"
-        _mark_failed(run_dir, why, diagnosis=silent is not None)
+            why = (f"worker rank {rank} was {_exit_text(code)} before it could say why" if code < 0 else
+                   f"worker rank {rank} failed (exit code {code}); its message is above")
+        if others:   # a peer that stopped as well (which of two went first is a guess from the poll order)
+            why += "; also stopped: " + ", ".join(f"rank {i} ({_exit_text(c)})" for i, c in sorted(others.items()))
+        # rank 0 writes the summary, and when a peer failed it holds only rank 0's broken collective
+        _mark_failed(run_dir, why, diagnosis=silent is not None or rank != 0 or code < 0)
         raise WorkerFailed(f"{why}; results so far are in {run_dir}", why)
+
+
+def _exit_text(code: int) -> str:
+    """A worker's exit code in words: a negative one is the signal that killed it."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return "interrupted" if code == 130 else f"exit code {code}"
 
 
 def _interrupted(run_dir: str) -> Interrupted:
@@ -332,9 +346,10 @@ def _interrupted(run_dir: str) -> Interrupted:
 
 
 def _join(ctx) -> tuple[int, int] | None:
-    """Wait for the workers: None when all succeeded, else (rank, exit code) of the first to fail,
-    after killing the others at once (torch's join would give a hung worker 30 s). Workers that
-    stop with 130 (interrupted) are waited for: the others are checkpointing at the boundary."""
+    """Wait for the workers: None when all succeeded, else (rank, exit code) of the first to fail
+    and {rank: exit code} of the others that had already stopped with an error, after killing the
+    rest at once (torch's join would give a hung worker 30 s). Workers that stop with 130
+    (interrupted) are waited for: the others are checkpointing at the boundary."""
     procs = ctx.processes
     while True:
         try:
@@ -343,13 +358,14 @@ def _join(ctx) -> tuple[int, int] | None:
                 return None
             bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if bad and (any(c != 130 for _, c in bad) or all(c is not None for c in codes)):
-                first = next(((i, c) for i, c in bad if c != 130), bad[0])
+                # a rank killed by a signal said nothing and broke its peers' collectives: it is the cause
+                first = min(bad, key=lambda ic: (ic[1] >= 0, ic[1] == 130, ic[0]))
                 for p in procs:
                     if p.is_alive():
                         p.kill()
                 for p in procs:
                     p.join(5)
-                return first
+                return first[0], first[1], {i: c for i, c in bad if i != first[0]}
             time.sleep(0.1)
         except KeyboardInterrupt:
             continue  # the workers got the signal too and stop together; their exit code tells
