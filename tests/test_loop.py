@@ -159,6 +159,9 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_run_folder(tmp_path, b
     ({"summary.json": '{"status": "diverged"}'}, True),                 # says why it stopped
     ({"summary.json": '{"status": "interrupted"}'}, True),
     ({"wandb/run.log": "x"}, True),                                     # anything else: not ours to drop
+    ({"command.txt.tmp.31462": "python bench"}, False),                # rank 0 killed mid-write by a peer's failure
+    ({"model.pt.tmp.31462": "x"}, True),                                # only the fresh files' own copies
+    ({"command.txt.tmp.x1": "python bench"}, True),
 ])
 def test_only_a_run_folder_that_recorded_nothing_is_discarded(tmp_path, files, kept):
     from gravac.run.outcome import discard_unstarted

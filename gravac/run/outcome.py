@@ -132,6 +132,13 @@ FRESH_FILES = frozenset({"config.yaml", "command.txt", "summary.json", ".lock", 
                          "ready.jsonl"})
 
 
+def _fresh(name: str) -> bool:
+    """One of FRESH_FILES, or atomic_write's temporary copy of one (`<name>.tmp.<pid>`), which a
+    worker killed while writing it leaves behind (a peer's failure kills it mid-start)."""
+    base, sep, pid = name.rpartition(".tmp.")
+    return name in FRESH_FILES or (bool(sep) and base in FRESH_FILES and pid.isdigit())
+
+
 def discard_unstarted(run_dir: str) -> bool:
     """Delete the new run folder `run_dir` when its run failed before recording anything (a
     missing dataset, a cluster too big for memory): no step, evaluation or checkpoint, only the
@@ -142,7 +149,7 @@ def discard_unstarted(run_dir: str) -> bool:
         entries = {n: os.lstat(os.path.join(run_dir, n)) for n in names}
     except OSError:
         return False
-    if not names <= FRESH_FILES or any(not stat.S_ISREG(e.st_mode) for e in entries.values()):
+    if not all(_fresh(n) for n in names) or any(not stat.S_ISREG(e.st_mode) for e in entries.values()):
         return False             # a checkpoint, model.pt, a tracker's files or a link: keep it all
     if any(entries[n].st_size for n in ("steps.jsonl", "evals.jsonl", "ready.jsonl") if n in entries):
         return False
