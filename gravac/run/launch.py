@@ -345,7 +345,7 @@ def _interrupted(run_dir: str) -> Interrupted:
     return Interrupted(message or "interrupted", resume)
 
 
-def _join(ctx) -> tuple[int, int] | None:
+def _join(ctx) -> tuple[int, int, dict[int, int]] | None:
     """Wait for the workers: None when all succeeded, else (rank, exit code) of the first to fail
     and {rank: exit code} of the others that had already stopped with an error, after killing the
     rest at once (torch's join would give a hung worker 30 s). Workers that stop with 130
