@@ -38,12 +38,22 @@ def open_new(path: str):
     return os.fdopen(fd, "wb")
 
 
+_TMP = ".tmp."
+
+
+def atomic_write_target(name: str) -> str | None:
+    """The file name whose atomic_write temporary `name` is (`<target>.tmp.<pid>`, left behind
+    only by a process killed mid-write, where its cleanup cannot run), else None."""
+    target, sep, pid = name.rpartition(_TMP)
+    return target if sep and target and pid.isdigit() else None
+
+
 def atomic_write(path: str, data: str | bytes) -> None:
     """Write `data` (text as UTF-8) to `path` so that readers never see a partial file, even
     after a crash: a synced temporary file in the same folder, renamed into place (the rename
     replaces a link at `path`, it does not write through it). Every result file (runs, plots,
     benchmark CSVs) is written through here."""
-    tmp = f"{path}.tmp.{os.getpid()}"
+    tmp = f"{path}{_TMP}{os.getpid()}"
     try:
         with open_new(tmp) as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)

@@ -14,7 +14,7 @@ import yaml
 
 from gravac.loop.checkpoint import checkpoint_step, stop_note
 from gravac.core.errors import UserError
-from gravac.core.io import atomic_write, read_jsonl, run_path
+from gravac.core.io import atomic_write, atomic_write_target, read_jsonl, run_path
 from gravac.core.schema import RunConfig
 
 
@@ -133,10 +133,9 @@ FRESH_FILES = frozenset({"config.yaml", "command.txt", "summary.json", ".lock", 
 
 
 def _fresh(name: str) -> bool:
-    """One of FRESH_FILES, or atomic_write's temporary copy of one (`<name>.tmp.<pid>`), which a
-    worker killed while writing it leaves behind (a peer's failure kills it mid-start)."""
-    base, sep, pid = name.rpartition(".tmp.")
-    return name in FRESH_FILES or (bool(sep) and base in FRESH_FILES and pid.isdigit())
+    """One of FRESH_FILES, or atomic_write's temporary copy of one, which a worker killed while
+    writing it leaves behind (a peer's failure kills it mid-start)."""
+    return name in FRESH_FILES or atomic_write_target(name) in FRESH_FILES
 
 
 def discard_unstarted(run_dir: str) -> bool:
