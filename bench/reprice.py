@@ -13,10 +13,12 @@ a run that fails it, or whose messages cannot be rebuilt from its record, is ski
 
 Rebuilt exactly: dense (one all-reduce per DDP bucket, overlapping backward), static and Accordion
 with a sparse payload (padded sparse all-gather: counts, then values + indices) or a shared one
-(seeded Random-k: one all-reduce of the values), GraVAC (its gather of 4 floats per worker, then a
-dense all-reduce or the sparse all-gather of the level it sent). Not rebuilt (skipped): methods
-whose per-step messages the record does not hold (PowerSGD's and L-GreCo's per-layer factor
-all-reduces, MergeComp/CoVAP groups, ExDyna/MiCRO index unions), quantizers and 16-bit casts.
+(seeded Random-k: one all-reduce of the values), static with a quantizer (one all-gather of every
+worker's packed bytes, no counts) or a 16-bit cast (one all-reduce of 2 bytes a value per DDP
+bucket, each bucket casting its share, as `Static.in_buckets` sends it), GraVAC (its gather of 4
+floats per worker, then a dense all-reduce or the sparse all-gather of the level it sent). Not
+rebuilt (skipped): methods whose per-step messages the record does not hold (PowerSGD's and
+L-GreCo's per-layer factor all-reduces, MergeComp/CoVAP groups, ExDyna/MiCRO index unions).
 A method that decides on modelled time (GraVAC's T_system) could have chosen other CFs under the
 new model; the re-priced trajectory is the one it chose under the old one.
 
@@ -109,10 +111,6 @@ def load(path: str) -> Recorded:
     if cfg.method.name not in REBUILT:
         raise Skip(f"method {cfg.method.name}: its per-step messages (factor all-reduces, groups or index unions) "
                    "are not in steps.jsonl")
-    if cfg.method.name != "dense":
-        target = COMPRESSORS[cfg.compressor.name].target
-        if hasattr(target, "wire_dtype") or target.fixed_cf(cfg.compressor) is not None:
-            raise Skip(f"compressor {cfg.compressor.name}: quantizers and casts are not rebuilt")
     if cfg.clock.compute != "profile" or cfg.clock.compress != "profile":
         raise Skip("clock.compute/compress=measured: the step's own measured times are not all recorded")
     clock = (run.summary or {}).get("clock") or {}
@@ -150,37 +148,52 @@ def device_entry(cache: Path, told: dict) -> dict:
     return same[0]
 
 
-def shared_payload(cfg) -> bool:
-    """Whether the run's compressor sends shared-index payloads (all-reduced values, no indices)."""
+Pieces = list[tuple[list[int] | None, float, list[tuple[str, float]]]]
+
+
+def payload_kind(cfg) -> str:
+    """How the run's compressor puts its payload on the wire: "cast" (16-bit, all-reduced per
+    bucket), "packed" (a quantizer's bytes, all-gathered), "shared" (shared indices: the values
+    all-reduced) or "sparse" (values + indices, padded all-gather)."""
+    target = COMPRESSORS[cfg.compressor.name].target
+    if target.fixed_cf(cfg.compressor) is not None:
+        return "cast" if hasattr(target, "wire_dtype") else "packed"
     from compressors.factory import from_config
-    return bool(from_config(cfg.compressor, [1]).shared)
+    return "shared" if from_config(cfg.compressor, [1]).shared else "sparse"
 
 
-def messages(rec: Recorded, s: dict) -> list[tuple[list[int] | None, list[tuple[str, float]]]]:
-    """The step's pieces as (parameters, [(collective, bytes), ...]), rebuilt from its record."""
-    wire = float(s["wire_bytes"])
+def messages(rec: Recorded, s: dict) -> Pieces:
+    """The step's pieces as (parameters, compression seconds, [(collective, bytes), ...]), rebuilt
+    from its record. DDP's buckets carry no compression; a method's one piece after backward
+    carries all of it; a cast's buckets each carry their share."""
+    wire, compress = float(s["wire_bytes"]), float(s["compress_model_s"])
     name = rec.cfg.method.name
-    if name == "dense":
+    kind = "dense" if name == "dense" else payload_kind(rec.cfg)
+    if kind in ("dense", "cast"):
         width = wire / rec.numel
-        return [(b, [("allreduce", sum(rec.sizes[i] for i in b) * width)]) for b in rec.buckets]
+        sizes = [sum(rec.sizes[i] for i in b) for b in rec.buckets]
+        cast = compress if kind == "cast" else 0.0
+        return [(b, cast * n / rec.numel, [("allreduce", n * width)]) for b, n in zip(rec.buckets, sizes)]
     msgs: list[tuple[str, float]] = []
     if name == "gravac":
         msgs.append(("allgather", 8.0 * GRAVAC_ROW))
         wire -= 8.0 * GRAVAC_ROW
         if s.get("level") == "dense":
-            return [(None, msgs + [("allreduce", wire)])]
-    if shared_payload(rec.cfg):
+            return [(None, compress, msgs + [("allreduce", wire)])]
+    if kind == "shared":
         msgs.append(("allreduce", wire))
+    elif kind == "packed":
+        msgs.append(("allgather", wire))
     else:
         msgs.append(("sparse_allgather", wire - COUNT_BYTES))
-    return [(None, msgs)]
+    return [(None, compress, msgs)]
 
 
 def price(rec: Recorded, net: NetworkModel, s: dict) -> dict:
     """The step's modelled times under `net`: serial (step_model_s) and on the overlap timeline."""
     n = rec.workers
     pieces, comm = [], 0.0
-    for params, msgs in messages(rec, s):
+    for params, compress, msgs in messages(rec, s):
         secs: list[float] = []
         for kind, nbytes in msgs:
             if kind == "sparse_allgather":
@@ -188,8 +201,7 @@ def price(rec: Recorded, net: NetworkModel, s: dict) -> dict:
             else:
                 secs.append(getattr(net, kind)(nbytes, n))
         comm += sum(secs)
-        # DDP's buckets carry no compression; a method's one piece after backward carries all of it
-        pieces.append(Piece(params, 0.0 if params is not None else float(s["compress_model_s"]), secs))
+        pieces.append(Piece(params, compress, secs))
     p = rec.profile
     plan = schedule(p.forward_s, p.backward_s, p.ready_s, p.optimizer_s, pieces)
     serial = float(s["compute_model_s"]) + float(s["compress_model_s"]) + comm + p.optimizer_s

@@ -14,8 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 VGG = ROOT / "results" / "reference" / "mini_vgg" / "runs"
 # one curated run per rebuilt method (and payload kind); GraVAC and Accordion change CF over the run
 # (GraVAC ε=0.7 stays dense on mini_vgg; ε=0.3 sends both its compressed levels)
+QUANTIZED = ["qsgd-8-bit-bucket-512-s0", "terngrad-2-bit-s0", "ef-signsgd-1-bit-s0",
+             "min-max-quant-4-bit-bucket-1024-s0"]
 RUNS = ["dense-s0", "top-k-10x-s0", "dgc-10x-s1", "redsync-1000x-s0", "random-k-10x-s0", "gravac-eps0.7-dgc-s0",
-        "gravac-eps0.3-dgc-s0", "accordion-topk-1.5x-1000x-s0"]
+        "gravac-eps0.3-dgc-s0", "accordion-topk-1.5x-1000x-s0", *QUANTIZED, "fp16-2x-s0"]
 
 
 def few_steps(rec: reprice.Recorded, n: int = 12) -> reprice.Recorded:
@@ -59,7 +61,26 @@ def test_the_steps_checked_cover_every_message_layout(recs):
     assert {round(s["cf"]) for s in recs["accordion-topk-1.5x-1000x-s0"].steps} == {2, 6, 745, 910}
 
 
-@pytest.mark.parametrize("name", ["dense-s0", "gravac-eps0.7-dgc-s0", "gravac-eps0.3-dgc-s0"])
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_a_quantizer_sends_one_all_gather_of_its_packed_bytes_after_backward(recs, name):
+    rec = recs[name]
+    for s in rec.steps:
+        assert reprice.messages(rec, s) == [(None, s["compress_model_s"], [("allgather", s["wire_bytes"])])]
+
+
+def test_a_cast_sends_every_bucket_in_16_bits_with_its_share_of_the_cast(recs):
+    rec = recs["fp16-2x-s0"]
+    s = rec.steps[3]
+    pieces = reprice.messages(rec, s)
+    assert [p[0] for p in pieces] == rec.buckets and len(pieces) > 1
+    assert sum(p[1] for p in pieces) == pytest.approx(s["compress_model_s"], rel=1e-12)
+    for params, cast, msgs in pieces:
+        n = sum(rec.sizes[i] for i in params)
+        assert msgs == [("allreduce", pytest.approx(2.0 * n))] and cast == pytest.approx(s["compress_model_s"] * n / rec.numel)
+
+
+@pytest.mark.parametrize("name", ["dense-s0", "gravac-eps0.7-dgc-s0", "gravac-eps0.3-dgc-s0", "terngrad-2-bit-s0",
+                                  "fp16-2x-s0"])
 def test_another_model_changes_only_the_communication(recs, name):
     rec = recs[name]
     net = reprice.new_model(rec, "gloo-cpu")
