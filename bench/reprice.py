@@ -63,8 +63,8 @@ class Skip(Exception):
 
 @dataclass
 class Recorded:
-    """What re-pricing a run needs: its config, per-step records, device profile, buckets and the
-    network model it ran with."""
+    """What re-pricing a run needs: its config, per-step records, device profile, buckets, the
+    network model it ran with and how its payload goes on the wire (`payload_kind`)."""
     path: str
     cfg: object
     steps: list[dict]
@@ -73,6 +73,7 @@ class Recorded:
     buckets: list[list[int]]
     net: NetworkModel
     workers: int
+    payload: str
 
     @property
     def numel(self) -> int:
@@ -127,7 +128,7 @@ def load(path: str) -> Recorded:
     beta = (net_cfg.bandwidth_gbps if net_cfg.comm_ratio <= 0 else told["bandwidth_gbps"]) * 1e9 / 8
     net = NetworkModel(alpha_s=net_cfg.latency_us * 1e-6, beta_Bps=beta, enabled=net_cfg.enabled,
                        profile=load_profile(told.get("collectives", net_cfg.collectives)))
-    return Recorded(path, cfg, run.steps, sizes, profile, bucket_list, net, cfg.cluster.workers)
+    return Recorded(path, cfg, run.steps, sizes, profile, bucket_list, net, cfg.cluster.workers, payload_kind(cfg))
 
 
 def device_entry(cache: Path, told: dict) -> dict:
@@ -152,9 +153,11 @@ Pieces = list[tuple[list[int] | None, float, list[tuple[str, float]]]]
 
 
 def payload_kind(cfg) -> str:
-    """How the run's compressor puts its payload on the wire: "cast" (16-bit, all-reduced per
-    bucket), "packed" (a quantizer's bytes, all-gathered), "shared" (shared indices: the values
-    all-reduced) or "sparse" (values + indices, padded all-gather)."""
+    """How the run puts its gradient on the wire: "dense" (dense SGD's bucketed all-reduces),
+    "cast" (16-bit, all-reduced per bucket), "packed" (a quantizer's bytes, all-gathered), "shared"
+    (shared indices: the values all-reduced) or "sparse" (values + indices, padded all-gather)."""
+    if cfg.method.name == "dense":
+        return "dense"
     target = COMPRESSORS[cfg.compressor.name].target
     if target.fixed_cf(cfg.compressor) is not None:
         return "cast" if hasattr(target, "wire_dtype") else "packed"
@@ -167,15 +170,14 @@ def messages(rec: Recorded, s: dict) -> Pieces:
     from its record. DDP's buckets carry no compression; a method's one piece after backward
     carries all of it; a cast's buckets each carry their share."""
     wire, compress = float(s["wire_bytes"]), float(s["compress_model_s"])
-    name = rec.cfg.method.name
-    kind = "dense" if name == "dense" else payload_kind(rec.cfg)
+    kind = rec.payload
     if kind in ("dense", "cast"):
         width = wire / rec.numel
         sizes = [sum(rec.sizes[i] for i in b) for b in rec.buckets]
         cast = compress if kind == "cast" else 0.0
         return [(b, cast * n / rec.numel, [("allreduce", n * width)]) for b, n in zip(rec.buckets, sizes)]
     msgs: list[tuple[str, float]] = []
-    if name == "gravac":
+    if rec.cfg.method.name == "gravac":
         msgs.append(("allgather", 8.0 * GRAVAC_ROW))
         wire -= 8.0 * GRAVAC_ROW
         if s.get("level") == "dense":
