@@ -218,8 +218,71 @@ def test_ddp_hung_worker_times_out(tmp_path):
     r, (run,) = _run(tmp_path, ["train.steps=50", "cluster=ddp", "cluster.workers=2", "cluster.timeout_s=5"],
                      env={"GRAVAC_FAULT": "1:3:hang"}, timeout=300)
     assert r.returncode != 0 and time.time() - t0 < 150, failure(r)
-    assert "worker rank" in r.stderr
+    assert "worker rank 1 stopped answering at step 3" in r.stderr, failure(r)
+    assert "worker rank 0: a collective failed" in r.stderr and "crashed" not in r.stderr, failure(r)
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+
+
+class _Proc:
+    """A stand-in for a spawned worker: its exit code, read by `_join`, appears after `after` polls."""
+
+    def __init__(self, code, after=0):
+        self.code, self.after, self.killed = code, after, False
+
+    @property
+    def exitcode(self):
+        if self.killed:
+            return -9
+        self.after -= 1
+        return self.code if self.after < 0 else None
+
+    def is_alive(self):
+        return self.exitcode is None
+
+    def kill(self):
+        self.killed = True
+
+    def join(self, timeout):
+        pass
+
+
+@pytest.mark.parametrize("codes, blamed", [
+    ([(3, 0), (17, 0)], (1, 17, {0: 3})),        # CI, stop 54: both seen in one poll, rank 0's gloo read error
+    ([(3, 0), (17, 3)], (1, 17, {0: 3})),        # the peer's own exit is seen a few polls after the symptom
+    ([(3, 0), (-9, 0)], (1, -9, {0: 3})),        # a SIGKILLed rank before everything
+    ([(1, 0), (3, 0)], (0, 1, {1: 3})),          # rank 0 failed on its own account, rank 1 lost it
+    ([(3, 0), (None, 0)], (0, 3, {})),           # a hung peer: killed after the grace, not blamed here
+    ([(130, 0), (3, 0)], (1, 3, {0: 130})),
+])
+def test_join_blames_the_rank_that_failed_on_its_own_account(codes, blamed, monkeypatch):
+    """A rank whose collective failed (exit PEER_LOST) is a symptom: the peer that exited on its own
+    account, even when seen in the same poll or a few polls later, is the one named."""
+    from types import SimpleNamespace
+
+    from gravac.run import launch
+    clock = [0.0]       # a fake clock: each poll's sleep advances it, so the grace ends without waiting
+    monkeypatch.setattr(launch.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(launch.time, "monotonic", lambda: clock[0])
+    procs = [_Proc(c, after) for c, after in codes]
+    assert launch._join(SimpleNamespace(processes=procs)) == blamed
+    assert launch.PEER_LOST == 3
+
+
+def test_an_error_raised_inside_torch_distributed_counts_as_a_failed_collective():
+    import torch
+    import torch.distributed as dist
+
+    from gravac.run.launch import _in_collective
+    try:
+        dist.all_reduce(torch.zeros(1))     # no process group: raised from torch/distributed
+    except Exception as e:
+        assert _in_collective(e)
+    else:
+        pytest.fail("all_reduce without a process group did not raise")
+    try:
+        raise RuntimeError("the worker's own bug")
+    except RuntimeError as e:
+        assert not _in_collective(e)
 
 
 def test_multirun_sweep_runs_every_job_and_reports_failures(tmp_path):

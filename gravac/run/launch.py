@@ -242,14 +242,33 @@ def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, comma
         code = 2
     except KeyboardInterrupt:
         code = 130
-    except Exception:
+    except Exception as e:
         if stops:   # a Ctrl-C stops every rank; a peer that left first broke this rank's collective
             code = 130
+        elif _in_collective(e):   # the usual cause is a peer that died or hung: the launcher names it
+            first = (str(e).strip().splitlines() or [""])[0]
+            print(f"worker rank {rank}: a collective failed ({type(e).__name__}: {first})", file=sys.stderr)
+            code = PEER_LOST
         else:
             print(f"worker rank {rank} crashed:", file=sys.stderr)
             traceback.print_exc()
             code = 1
     _leave(code)
+
+
+# A worker's exit code when its own collective failed (a peer closed the connection or timed out):
+# a symptom, so the launcher names a peer that failed on its own account before such a rank.
+PEER_LOST = 3
+_DIST_DIR = os.path.join("torch", "distributed", "")
+
+
+def _in_collective(e: BaseException) -> bool:
+    """Whether the exception surfaced inside torch.distributed (a gloo read error or timeout), as
+    opposed to the worker's own code failing."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and _DIST_DIR in tb.tb_frame.f_code.co_filename
 
 
 def _note_stops() -> list:
@@ -320,7 +339,7 @@ def _spawn_into(cfg: RunConfig, command: str, run_dir: str) -> None:
                    f"waiting for it after cluster.timeout_s={cfg.cluster.timeout_s:g} s)")
         else:
             why = (f"worker rank {rank} was {_exit_text(code)} before it could say why" if code < 0 else
-                   f"worker rank {rank} failed (exit code {code}); its message is above")
+                   f"worker rank {rank} failed ({_exit_text(code)}); its message is above")
         if others:   # a peer that stopped as well (which of two went first is a guess from the poll order)
             why += "; also stopped: " + ", ".join(f"rank {i} ({_exit_text(c)})" for i, c in sorted(others.items()))
         # rank 0 writes the summary, and when a peer failed it holds only rank 0's broken collective
@@ -335,6 +354,8 @@ def _exit_text(code: int) -> str:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
+    if code == PEER_LOST:
+        return f"exit code {code}: its collective failed"
     return "interrupted" if code == 130 else f"exit code {code}"
 
 
@@ -345,21 +366,32 @@ def _interrupted(run_dir: str) -> Interrupted:
     return Interrupted(message or "interrupted", resume)
 
 
+_PEER_GRACE_S = 2.0
+
+
 def _join(ctx) -> tuple[int, int, dict[int, int]] | None:
-    """Wait for the workers: None when all succeeded, else (rank, exit code) of the first to fail
+    """Wait for the workers: None when all succeeded, else (rank, exit code) of the one to blame
     and {rank: exit code} of the others that had already stopped with an error, after killing the
-    rest at once (torch's join would give a hung worker 30 s). Workers that stop with 130
-    (interrupted) are waited for: the others are checkpointing at the boundary."""
+    rest (torch's join would give a hung worker 30 s). Workers that stop with 130 (interrupted) are
+    waited for: the others are checkpointing at the boundary. A rank whose collective failed
+    (PEER_LOST) gets `_PEER_GRACE_S` for the peer that broke it to exit and be named instead."""
     procs = ctx.processes
+    lost_since = None
     while True:
         try:
             codes = [p.exitcode for p in procs]
             if all(c == 0 for c in codes):
                 return None
             bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad and all(c == PEER_LOST for _, c in bad) and None in codes:
+                lost_since = lost_since or time.monotonic()
+                if time.monotonic() - lost_since < _PEER_GRACE_S:
+                    time.sleep(0.1)
+                    continue
             if bad and (any(c != 130 for _, c in bad) or all(c is not None for c in codes)):
-                # a rank killed by a signal said nothing and broke its peers' collectives: it is the cause
-                first = min(bad, key=lambda ic: (ic[1] >= 0, ic[1] == 130, ic[0]))
+                # blame order: killed by a signal (it said nothing), failed on its own account,
+                # failed in a collective (a symptom), interrupted; then the lowest rank
+                first = min(bad, key=lambda ic: (ic[1] >= 0, ic[1] == 130, ic[1] == PEER_LOST, ic[0]))
                 for p in procs:
                     if p.is_alive():
                         p.kill()
