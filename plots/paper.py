@@ -258,8 +258,10 @@ def make_bench(path: str | None, out: Outputs, args) -> None:
 
 
 def _rel(path: str) -> str:
+    """A path as the user would type it: relative when it lies under the working folder, else as
+    given (a "../x" would depend on where the command ran, and so would the tests reading it)."""
     r = os.path.relpath(path)
-    return r if not r.startswith("../..") else path
+    return path if r == os.pardir or r.startswith(os.pardir + os.sep) else r
 
 
 def main(argv=None) -> int:

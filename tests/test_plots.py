@@ -909,3 +909,15 @@ def test_levels_figure_skips_a_run_without_levels(tmp_path):
     ctx = _context(tmp_path, [("a", "accordion", "topk", 100.0, [10.0] * 10, [.1, .2, .3, .4, .5])])
     with pytest.raises(Skip, match="lgreco_levels"):
         figures.levels_figure(ctx, ctx.groups[0])
+
+
+def test_paths_are_shown_relative_only_under_the_working_folder(tmp_path, monkeypatch):
+    """A clone beside pytest's tmp folder once printed "../pytest-of-root/..." where the others
+    print the absolute path: a path outside the working folder is shown as given."""
+    from plots.paper import _rel
+    (tmp_path / "work" / "runs").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert _rel(str(tmp_path / "work" / "runs" / "a")) == os.path.join("runs", "a")
+    assert _rel(str(tmp_path / "other" / "a")) == str(tmp_path / "other" / "a")
+    assert _rel(str(tmp_path)) == str(tmp_path)
