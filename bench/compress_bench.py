@@ -52,7 +52,8 @@ QUICK_NUMEL = 1_000_000
 COLUMNS = ["kind", "dist", "size", "numel", "compressor", "label", "cf", "threads", "runs", "median_s", "pass_s", "passes",
            "torch_topk_s", "speedup_vs_torch_topk", "same_set_as_torch", "nnz", "wire_bytes",
            "direct_s", "multilevel_s", "multilevel_speedup", "direct_high_s", "recompress_s", "recompress_speedup",
-           "direct_repeats_s", "multilevel_repeats_s", "encode_s", "decode_s", "alloc", "page_faults"]
+           "direct_repeats_s", "multilevel_repeats_s", "encode_s", "decode_s", "no_dither_s", "no_dither_passes",
+           "alloc", "page_faults"]
 ALLOCS = ("steady", "fresh")
 
 
@@ -216,6 +217,8 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
             s.add(f"{name}/encode", lambda c=c: c.compress(x, 1, seed=1))
             s.add(f"{name}/decode", lambda c=c, p=p_q: c.decode(p))
             s.add(f"{name}/both", lambda c=c: c.compress(x, 1, seed=1).dense())
+            if getattr(c, "stochastic", False):   # the same work without its random bits: the floor a dither sits on
+                s.add(f"{name}/nodither", lambda c=c: c.compress(x, 1, seed=None).dense())
         if dist == "heavy":
             lo, hi = args.multilevel
             cs = hi / lo
@@ -250,6 +253,9 @@ def bench_size(size: str, n: int, args, threads: int) -> list[dict]:
                              runs=s.runs(f"{name}/both"), median_s=med, pass_s=pass_s, passes=med / pass_s,
                              nnz=p.nnz, wire_bytes=p.wire_bytes(), encode_s=s.median(f"{name}/encode"),
                              decode_s=s.median(f"{name}/decode"), page_faults=s.page_faults(f"{name}/both")))
+            if f"{name}/nodither" in s.cases:
+                nd = s.median(f"{name}/nodither")
+                rows[-1].update(no_dither_s=nd, no_dither_passes=nd / pass_s)
         if dist == "heavy":
             lo, hi = args.multilevel
             for name, c in ml.items():
@@ -291,12 +297,14 @@ def print_tables(rows: list[dict], threads: int, lo: float, hi: float) -> None:
               f"{fmt(r.get('speedup_vs_torch_topk'), '8.2f'):>8} {r.get('same_set_as_torch', ''):>8}")
     quant = [r for r in rows if r["kind"] == "quantize"]
     if quant:
-        print("\nQuantizers and 16-bit casts (CF fixed by the code width): encode, decode, and both in passes")
+        print("\nQuantizers and 16-bit casts (CF fixed by the code width): encode, decode, and both in passes; "
+              "'no dither': both without the stochastic rounding's random bits (seed=None), the floor of a dither")
         print(f"{'size':10} {'dist':6} {'compressor':10} {'CF':>6} {'encode ms':>10} {'decode ms':>10} {'both ms':>9} "
-              f"{'passes':>7} {'wire bytes':>11}")
+              f"{'passes':>7} {'no dither':>9} {'wire bytes':>11}")
         for r in quant:
             print(f"{r['size']:10} {r['dist']:6} {r['compressor']:10} {r['cf']:6.2f} {r['encode_s'] * 1e3:10.1f} "
-                  f"{r['decode_s'] * 1e3:10.1f} {r['median_s'] * 1e3:9.1f} {r['passes']:7.2f} {r['wire_bytes']:11d}")
+                  f"{r['decode_s'] * 1e3:10.1f} {r['median_s'] * 1e3:9.1f} {r['passes']:7.2f} "
+                  f"{fmt(r.get('no_dither_passes'), '9.2f'):>9} {r['wire_bytes']:11d}")
     print(f"\nMulti-level {lo:g}x -> {hi:g}x (Table 3 analogue): direct = C(g,{lo:g}) + C(g,{hi:g}); "
           f"multi = C(g,{lo:g}) + recompress(., {hi / lo:g})")
     print(f"{'size':10} {'compressor':10} {'direct ms':>10} {'multi ms':>9} {'speedup':>8} "

@@ -650,6 +650,8 @@ def test_compress_bench_quick(tmp_path):
     assert not {r["compressor"] for r in rows if r["kind"] in ("compress", "multilevel")} & set(quant)
     assert float(quant["efsignsgd"]["cf"]) == pytest.approx(32, rel=1e-3) and float(quant["qsgd"]["passes"]) > 0
     assert float(quant["fp16"]["cf"]) == 2.0 and int(quant["bf16"]["wire_bytes"]) == 2 * int(quant["bf16"]["numel"])
+    # the stochastic ones are also timed without their dither (the floor it sits on); the others have no such row
+    assert {k for k, r in quant.items() if r["no_dither_passes"]} == {"qsgd", "terngrad"}
     assert {r["alloc"] for r in rows} == {"steady"} and all(r["page_faults"] != "" for r in rows)
 
 
