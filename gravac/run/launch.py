@@ -384,7 +384,8 @@ def _join(ctx) -> tuple[int, int, dict[int, int]] | None:
                 return None
             bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if bad and all(c == PEER_LOST for _, c in bad) and None in codes:
-                lost_since = lost_since or time.monotonic()
+                if lost_since is None:
+                    lost_since = time.monotonic()
                 if time.monotonic() - lost_since < _PEER_GRACE_S:
                     time.sleep(0.1)
                     continue
