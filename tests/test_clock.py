@@ -74,6 +74,7 @@ def test_given_compute_time_and_ready_records(tmp_path):
             assert 0 < min(offsets) and max(offsets) <= r["backward_ms"][w] + 1e-3
 
 
+@pytest.mark.slow   # 14-33 s: the default suite stays near 15 min; CI runs it with -m slow
 def test_a_named_machine_reads_its_profile_and_costs_on_any_host(tmp_path):
     """`clock.machine` pins the cached profile and cost table to a stated device: a run with
     another thread count (a different host key) reads what the first run measured (into a new

@@ -669,6 +669,7 @@ with allocator(sys.argv[1]):
 """
 
 
+@pytest.mark.slow   # 14-33 s: the default suite stays near 15 min; CI runs it with -m slow
 def test_compress_bench_steady_allocator_removes_page_faults(tmp_path):
     """--alloc steady (the default) keeps freed memory mapped, so a 48 MB temporary stops faulting;
     with glibc's defaults (--alloc fresh) it faults on every call (about 11.7k 4 KB pages; >= 24

@@ -107,6 +107,7 @@ def run_tiny(tmp_path: Path, args: list[str]) -> tuple[str, dict]:
     return r.stdout, json.loads((run / "summary.json").read_text())
 
 
+@pytest.mark.slow   # 14-33 s: the default suite stays near 15 min; CI runs it with -m slow
 def test_real_gravac_runs_explain_both_outcomes(tmp_path):
     out, s = run_tiny(tmp_path / "dense", ["method=gravac", "method.epsilon=1.0", "train.steps=6"])
     assert s["explanation"].startswith("GraVAC sent dense at all 6 steps: the smoothed paper gain at cf_min 10x")
@@ -117,6 +118,7 @@ def test_real_gravac_runs_explain_both_outcomes(tmp_path):
     assert s["explanation"] in out.splitlines()
 
 
+@pytest.mark.slow   # 14-33 s: the default suite stays near 15 min; CI runs it with -m slow
 def test_real_accordion_runs_explain_both_outcomes(tmp_path):
     out, s = run_tiny(tmp_path / "low", ["method=accordion", "train.steps=12"])
     assert s["explanation"] == ("Accordion ran 1.5x on all layers for all 12 steps: it never compared regimes: the "

@@ -182,6 +182,7 @@ def _steps(root) -> list[dict]:
     return [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow   # 14-33 s: the default suite stays near 15 min; CI runs it with -m slow
 def test_cli_single_candidate_equals_static_and_ddp_equals_sim(tmp_path):
     """Real training: method=lgreco with only the default equals static Top-k 20x loss for loss;
     L-GreCo with several candidates takes the same levels on cluster=ddp as on cluster=sim."""

@@ -231,6 +231,7 @@ def _summary(root) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
+@pytest.mark.slow   # 14-33 s: the default suite stays near 15 min; CI runs it with -m slow
 def test_cli_single_candidate_equals_powersgd_and_ddp_equals_sim(tmp_path):
     """Real training: candidates=[2] equals method=powersgd rank 2 loss for loss; with several
     candidates the ranks and floats are the same on cluster=ddp as on cluster=sim."""

@@ -296,6 +296,7 @@ def test_multirun_sweep_runs_every_job_and_reports_failures(tmp_path):
         assert json.loads((run / "summary.json").read_text())["status"] == "completed"
 
 
+@pytest.mark.slow   # 14-33 s: the default suite stays near 15 min; CI runs it with -m slow
 def test_multirun_skips_jobs_identical_to_an_earlier_one(tmp_path):
     # dense ignores the compressor (Dense.ignores: "compressor."), gravac ignores compressor.cf
     r = run_cli(["-m", "method=dense,gravac", "compressor=topk,dgc", "compressor.cf=10,100", "train.steps=2",

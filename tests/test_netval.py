@@ -33,6 +33,7 @@ def test_namespaces_are_deleted_even_when_the_body_raises():
     assert not mine & _namespaces()
 
 
+@pytest.mark.slow   # 14-33 s: the default suite stays near 15 min; CI runs it with -m slow
 def test_quick_sweep_writes_csv_whose_predictions_follow_the_model(tmp_path):
     out, before = tmp_path / "nv.csv", _namespaces()
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "netval.py"), "--quick", "--out", str(out)],

@@ -29,6 +29,7 @@ def _check(name: str, extra=(), env=None) -> None:
                           f"{records.load(name)['written_on']}):\n" + "\n".join(problems))
 
 
+@pytest.mark.slow   # 14-33 s: the default suite stays near 15 min; CI runs it with -m slow
 def test_the_default_record_is_bit_identical_here_whatever_the_environment_asks():
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda env: _check("default_topk10", env=env), [None, OTHER_HOST]))

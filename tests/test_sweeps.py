@@ -355,6 +355,7 @@ def test_pace_says_jobs_done_and_the_time_left_from_the_sweeps_throughput():
     assert Pace(3, clock=lambda: 100.0).line(0) == "0/3 jobs done in 0 s"
 
 
+@pytest.mark.slow   # 14-33 s: the default suite stays near 15 min; CI runs it with -m slow
 def test_joblib_sweep_runs_two_at_a_time_skips_duplicates_and_reports_failures(tmp_path):
     # the good cells first: each job is a fresh process, and these start, and run, side by side
     r = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.lr=0.1,-1", "method=dense,gravac",
