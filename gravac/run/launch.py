@@ -245,9 +245,10 @@ def worker_main(rank: int, cfg: RunConfig, init_method: str, run_dir: str, comma
     except Exception as e:
         if stops:   # a Ctrl-C stops every rank; a peer that left first broke this rank's collective
             code = 130
-        elif _in_collective(e):   # the usual cause is a peer that died or hung: the launcher names it
+        elif (where := _collective_call(e)) is not None:   # usually a peer died or hung: the launcher names it
             first = (str(e).strip().splitlines() or [""])[0]
-            print(f"worker rank {rank}: a collective failed ({type(e).__name__}: {first})", file=sys.stderr)
+            print(f"worker rank {rank}: a collective failed at {where} ({type(e).__name__}: {first})",
+                  file=sys.stderr)
             code = PEER_LOST
         else:
             print(f"worker rank {rank} crashed:", file=sys.stderr)
@@ -262,13 +263,17 @@ PEER_LOST = 3
 _DIST_DIR = os.path.join("torch", "distributed", "")
 
 
-def _in_collective(e: BaseException) -> bool:
-    """Whether the exception surfaced inside torch.distributed (a gloo read error or timeout), as
-    opposed to the worker's own code failing."""
-    tb = e.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and _DIST_DIR in tb.tb_frame.f_code.co_filename
+def _collective_call(e: BaseException) -> str | None:
+    """Where the worker called the collective an exception surfaced in ("file:line in function",
+    the last frame outside torch.distributed), or None when it was not raised inside
+    torch.distributed (a gloo read error or timeout) but by the worker's own code. The one line a
+    failed collective prints keeps this, so a misuse of the collective still shows its caller."""
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames or _DIST_DIR not in frames[-1].filename:
+        return None
+    own = [f for f in frames if _DIST_DIR not in f.filename]
+    f = own[-1] if own else frames[-1]
+    return f"{f.filename}:{f.lineno} in {f.name}"
 
 
 def _note_stops() -> list:
